@@ -1,0 +1,261 @@
+"""The one definition of every run setting.
+
+:class:`RunConfig` is a frozen dataclass. Each field's metadata carries its help text; the
+command line (``fedhmc run --local-steps 50``) and Flower's run config
+(``flwr run . --run-config "local-steps=50"``) both use the field name in kebab-case, and
+both are parsed by :meth:`RunConfig.from_mapping`, so a setting is defined once.
+
+Fields left at ``None`` take the dataset's default in :meth:`RunConfig.resolve` (see
+:mod:`fedhmc.presets`); ``config.json`` always holds the resolved values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import typing
+from dataclasses import dataclass, field, fields
+
+from .errors import ConfigError
+
+ALGORITHMS = ("fahmc", "fald")
+MODELS = ("logistic", "mlp")
+BACKENDS = ("engine", "flower")
+DTYPES = ("float32", "float64")
+SCALINGS = ("standardize", "unit", "none")
+
+
+def _f(default, help: str, **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run. Field ``local_steps`` is option ``--local-steps``."""
+
+    # Data and model
+    dataset: str = _f("digits", "dataset or synthetic target (see `fedhmc data --list`)")
+    model: str = _f("logistic", "likelihood model", choices=MODELS)
+    hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
+    num_clients: int = _f(10, "number of clients N")
+    partition: str = _f("dirichlet", "how the training data is split over clients")
+    dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
+    classes_per_client: int = _f(2, "classes per client for --partition shards")
+    dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
+    data_dir: str | None = _f(None, "directory holding the dataset files")
+    download: bool = _f(False, "let torchvision download a dataset where a network exists")
+    scaling: str = _f("standardize", "feature scaling", choices=SCALINGS)
+    # Sampler
+    algorithm: str = _f("fahmc", "fahmc, or fald (FA-LD: K = 1)", choices=ALGORITHMS)
+    local_steps: int = _f(10, "T: local iterations per communication round")
+    leapfrog_steps: int | None = _f(
+        None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
+    )
+    step_size: float | None = _f(None, "η: leapfrog step size (default per dataset)")
+    rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
+    batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
+    grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
+    prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
+    temperature: float = _f(1.0, "posterior temperature τ: the target is exp(−f/τ)")
+    # Run
+    rounds: int = _f(200, "communication rounds")
+    burn_in: int | None = _f(None, "rounds before samples are collected (default rounds/10)")
+    thin: int = _f(1, "collect a sample every this many rounds")
+    chains: int | None = _f(None, "independent chains run side by side (default per dataset)")
+    seed: int = _f(0, "run seed: the same seed gives the same run, bit for bit")
+    dtype: str = _f("float32", "floating-point type of the positions", choices=DTYPES)
+    device: str = _f("cpu", "torch device (cpu, cuda, cuda:1, …)")
+    backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
+    # Output
+    out: str | None = _f(None, "output directory (default runs/<time>-<dataset>)")
+    save_samples: bool = _f(False, "also write samples.npy (num_samples, chains, d)")
+
+    # ----------------------------------------------------------------- mapping
+    @staticmethod
+    def keys() -> list[str]:
+        """The kebab-case keys: option names without ``--`` and Flower run-config keys."""
+        return [f.name.replace("_", "-") for f in fields(RunConfig)]
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, typing.Any]) -> RunConfig:
+        """Build a config from kebab- or snake-case keys (CLI options, Flower run config).
+
+        Values may be strings (they are parsed), or already typed. Empty strings mean
+        "unset" (Flower's run config cannot hold None).
+        """
+        hints = typing.get_type_hints(cls)
+        by_name = {f.name: f for f in fields(cls)}
+        kwargs = {}
+        for key, value in mapping.items():
+            name = key.replace("-", "_")
+            if name not in by_name:
+                raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
+            kwargs[name] = _coerce(key, value, hints[name])
+        return cls(**kwargs)
+
+    def to_run_config(self) -> dict[str, typing.Any]:
+        """Flower run-config form: kebab-case keys, None written as an empty string."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name.replace("_", "-")] = "" if v is None else v
+        return out
+
+    def to_dict(self) -> dict[str, typing.Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        try:
+            widths = tuple(int(h) for h in str(self.hidden).split(",") if h.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--hidden must be comma-separated integers like 100,100, got {self.hidden!r}"
+            ) from None
+        if not widths or min(widths) < 1:
+            raise ConfigError(f"--hidden needs positive widths like 100,100, got {self.hidden!r}")
+        return widths
+
+    # ------------------------------------------------------------- resolution
+    def resolve(self) -> RunConfig:
+        """Fill the dataset defaults and validate; returns a config with no ``None`` left
+        except ``data_dir`` and ``out``. Raises :class:`ConfigError` with a one-line message.
+        """
+        from .presets import dataset_defaults
+
+        d = dataset_defaults(self.dataset, self.model, self.dim)
+        k = self.leapfrog_steps
+        if self.algorithm == "fald":
+            if k not in (None, 1):
+                raise ConfigError(
+                    f"--algorithm fald means K = 1, but --leapfrog-steps is {k}; "
+                    "drop --leapfrog-steps or use --algorithm fahmc"
+                )
+            k = 1
+        cfg = self.replace(
+            leapfrog_steps=10 if k is None else k,
+            step_size=d["step_size"] if self.step_size is None else self.step_size,
+            batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
+            prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
+            chains=d["chains"] if self.chains is None else self.chains,
+            dim=d["dim"] if self.dim is None else self.dim,
+            burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check ranges; one-line :class:`ConfigError` naming the option and the fix."""
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        need(self.num_clients >= 1, f"--num-clients must be ≥ 1, got {self.num_clients}")
+        need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
+        k = self.leapfrog_steps
+        need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
+        eta = self.step_size
+        need(
+            eta is None or (math.isfinite(eta) and eta > 0),
+            f"--step-size must be a positive number, got {eta}",
+        )
+        need(
+            math.isfinite(self.rho) and 0.0 <= self.rho <= 1.0,
+            f"--rho must be in [0, 1], got {self.rho}",
+        )
+        b = self.batch_size
+        need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
+        need(
+            math.isfinite(self.grad_noise) and self.grad_noise >= 0,
+            f"--grad-noise must be ≥ 0, got {self.grad_noise}",
+        )
+        ps = self.prior_std
+        need(
+            ps is None or (ps > 0 and not math.isnan(ps)),
+            f"--prior-std must be > 0 (inf for a flat prior), got {ps}",
+        )
+        need(
+            math.isfinite(self.temperature) and self.temperature > 0,
+            f"--temperature must be > 0, got {self.temperature}",
+        )
+        need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
+        bi = self.burn_in
+        need(bi is None or bi >= 0, f"--burn-in must be ≥ 0, got {bi}")
+        need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
+        need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
+        need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
+        need(
+            self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
+            f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",
+        )
+        need(
+            self.classes_per_client >= 1,
+            f"--classes-per-client must be ≥ 1, got {self.classes_per_client}",
+        )
+        for name, choices in (
+            ("algorithm", ALGORITHMS),
+            ("model", MODELS),
+            ("backend", BACKENDS),
+            ("dtype", DTYPES),
+            ("scaling", SCALINGS),
+        ):
+            v = getattr(self, name)
+            need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+        if self.model == "mlp":
+            self.hidden_widths  # noqa: B018  (validates)
+        if k is not None and eta is not None:
+            need(
+                self.local_steps * (k + 1) < (1 << 29),
+                "T·(K + 1) must be below 2**29 gradient evaluations per round",
+            )
+
+    def default_out(self) -> str:
+        import time
+
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+def _coerce(key: str, value, hint):
+    """Parse ``value`` to the field type ``hint`` (str, int, float, bool, or Optional)."""
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    if value is None or (optional and isinstance(value, str) and value.strip() in ("", "none")):
+        if optional:
+            return None
+        raise ConfigError(f"setting {key!r} needs a value")
+    try:
+        if base is bool:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if base is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, str):
+                f = float(value)
+                if not f.is_integer():
+                    raise ValueError(value)
+                return int(f)
+            return int(value)
+        if base is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError, OverflowError):
+        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "text")
+        raise ConfigError(f"setting {key!r} must be {kind}, got {value!r}") from None

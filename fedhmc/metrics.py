@@ -1,0 +1,159 @@
+"""Predictive and sample-quality metrics (ALGORITHMS.md §6).
+
+Predictive metrics take the Bayesian-model-average class probabilities P (M × C, rows
+sum to one), or their logarithms, and integer labels y (M,):
+
+- accuracy: mean of [argmax_k P_mk = y_m];
+- Brier score: mean over m of Σ_k (P_mk − 1[k = y_m])²  (multi-class sum, in [0, 2]);
+- ECE: 15 equal-width bins over the confidence max_k P_mk, each bin (lo, hi];
+  Σ_b (|b| / M) · |accuracy(b) − confidence(b)|;
+- NLL: −log P_{m, y_m}, as the mean per test point and as the sum.
+
+Sample-quality metrics compare samples with a reference:
+
+- marginal error ME = (1/d) Σ_i W₁(μ_i, ν_i), 1-D Wasserstein-1 between the i-th marginals;
+- W₂ between Gaussians N(m₁, Σ₁) and N(m₂, Σ₂).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+ECE_BINS = 15
+
+
+def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Fraction of rows whose most probable class is the label."""
+    return float((probs.argmax(-1) == labels).to(torch.float64).mean())
+
+
+def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
+    """Mean over rows of Σ_k (P_k − 1[k = y])²."""
+    p = probs.to(torch.float64)
+    onehot = torch.nn.functional.one_hot(labels, p.shape[-1]).to(torch.float64)
+    return float((p - onehot).square().sum(-1).mean())
+
+
+def ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
+    """Expected calibration error with ``bins`` equal-width confidence bins (lo, hi]."""
+    p = probs.to(torch.float64)
+    conf, pred = p.max(-1)
+    correct = (pred == labels).to(torch.float64)
+    idx = (torch.ceil(conf * bins).long() - 1).clamp_(0, bins - 1)
+    acc_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, correct)
+    conf_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, conf)
+    return float((acc_sum - conf_sum).abs().sum() / p.shape[0])
+
+
+def nll(log_probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
+    """(mean, sum) of −log P_{m, y_m}, from log-probabilities."""
+    lp = log_probs.to(torch.float64).gather(-1, labels.view(-1, 1)).squeeze(-1)
+    return float(-lp.mean()), float(-lp.sum())
+
+
+def predictive_metrics(log_probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
+    """accuracy, brier, ece, nll_mean and nll_sum of a predictive given as log-probabilities."""
+    probs = log_probs.to(torch.float64).exp()
+    nll_mean, nll_sum = nll(log_probs, labels)
+    return {
+        "accuracy": accuracy(probs, labels),
+        "brier": brier(probs, labels),
+        "ece": ece(probs, labels),
+        "nll_mean": nll_mean,
+        "nll_sum": nll_sum,
+    }
+
+
+class BMAPredictive:
+    """Streaming Bayesian-model-average predictive, kept as log-probabilities.
+
+    After k samples it holds log((1/k) Σ_j p_j), updated as a running mean in log space
+    (``logaddexp``), so no sample is stored and no probability underflows to zero.
+    """
+
+    def __init__(self) -> None:
+        self.count = 0
+        self.log_probs: torch.Tensor | None = None
+
+    def update(self, log_probs: torch.Tensor) -> torch.Tensor:
+        """Add samples: ``log_probs`` is (S, M, C) for S samples (or (M, C) for one)."""
+        lp = log_probs.to(torch.float64)
+        if lp.dim() == 2:
+            lp = lp.unsqueeze(0)
+        s = lp.shape[0]
+        batch = torch.logsumexp(lp, dim=0) - math.log(s)
+        if self.log_probs is None:
+            self.log_probs = batch
+        else:
+            k = self.count
+            self.log_probs = torch.logaddexp(
+                self.log_probs + math.log(k / (k + s)), batch + math.log(s / (k + s))
+            )
+        self.count += s
+        return self.log_probs
+
+
+def mean_of_chains(log_probs: torch.Tensor) -> torch.Tensor:
+    """log of the mean over the leading (chain) dimension of probabilities."""
+    lp = log_probs.to(torch.float64)
+    return torch.logsumexp(lp, dim=0) - math.log(lp.shape[0])
+
+
+def wasserstein1_marginals(samples: torch.Tensor, reference: torch.Tensor) -> torch.Tensor:
+    """W₁ between the empirical marginals of each coordinate, (d,).
+
+    ``samples`` is (n₁, d) and ``reference`` (n₂, d); the sample sizes may differ.
+    W₁ = ∫ |F₁(x) − F₂(x)| dx, integrated exactly over the merged sorted support.
+    """
+    a = samples.to(torch.float64).T.contiguous().sort(-1).values  # (d, n1)
+    b = reference.to(torch.float64).T.contiguous().sort(-1).values  # (d, n2)
+    allv = torch.cat([a, b], -1).sort(-1).values
+    deltas = allv.diff(dim=-1)
+    pts = allv[:, :-1].contiguous()
+    fa = torch.searchsorted(a, pts, right=True).to(torch.float64) / a.shape[-1]
+    fb = torch.searchsorted(b, pts, right=True).to(torch.float64) / b.shape[-1]
+    return ((fa - fb).abs() * deltas).sum(-1)
+
+
+def marginal_error(samples: torch.Tensor, reference: torch.Tensor) -> float:
+    """ME = (1/d) Σ_i W₁(μ_i, ν_i) between samples (n₁, d) and reference samples (n₂, d)."""
+    return float(wasserstein1_marginals(samples, reference).mean())
+
+
+def _sqrtm_psd(a: torch.Tensor) -> torch.Tensor:
+    vals, vecs = torch.linalg.eigh(a)
+    return (vecs * vals.clamp(min=0.0).sqrt()) @ vecs.T
+
+
+def gaussian_w2(m1, cov1, m2, cov2) -> float:
+    """W₂ between N(m₁, Σ₁) and N(m₂, Σ₂).
+
+    W₂² = ‖m₁ − m₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₂^{1/2} Σ₁ Σ₂^{1/2})^{1/2}).
+    """
+    m1, m2 = torch.as_tensor(m1, dtype=torch.float64), torch.as_tensor(m2, dtype=torch.float64)
+    c1 = torch.as_tensor(cov1, dtype=torch.float64)
+    c2 = torch.as_tensor(cov2, dtype=torch.float64)
+    r2 = _sqrtm_psd(c2)
+    cross = _sqrtm_psd(r2 @ c1 @ r2)
+    w2sq = (m1 - m2).square().sum() + torch.trace(c1 + c2 - 2.0 * cross)
+    return math.sqrt(max(float(w2sq), 0.0))
+
+
+def gaussian_w2_diag(samples: torch.Tensor, mean: float, var: float) -> tuple[float, float]:
+    """W₂ and mean error of samples (S, d) against the isotropic Gaussian N(mean·1, var·I).
+
+    The samples are summarised by their per-coordinate mean and variance (a diagonal
+    Gaussian fit, exact for FA-HMC on isotropic targets, whose coordinates are independent),
+    so W₂² = Σ_i (m̂_i − mean)² + Σ_i (σ̂_i − √var)². The mean error is ‖m̂ − mean·1‖₂.
+    With one sample the variance is undefined and W₂ is NaN.
+    """
+    x = samples.to(torch.float64)
+    m_hat = x.mean(0)
+    mean_err = float((m_hat - mean).norm())
+    if x.shape[0] < 2:
+        return math.nan, mean_err
+    sd_hat = x.var(0, unbiased=True).sqrt()
+    w2sq = (m_hat - mean).square().sum() + (sd_hat - math.sqrt(var)).square().sum()
+    return math.sqrt(float(w2sq)), mean_err

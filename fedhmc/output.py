@@ -1,0 +1,99 @@
+"""The files of a run: config.json, metrics.csv, summary.json and samples.npy.
+
+Every file is valid at every moment: ``metrics.csv`` is appended and flushed one round at
+a time, and ``summary.json`` and ``samples.npy`` are written to a temporary name and
+renamed, so a run that stops (a diverged chain, Ctrl-C) leaves readable files behind.
+The in-process engine and the Flower ServerApp write the same files through this class.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import os
+from pathlib import Path
+
+import numpy as np
+
+from .errors import ConfigError
+
+
+def _atomic_write(path: Path, write) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    write(tmp)
+    os.replace(tmp, path)
+
+
+class RunWriter:
+    """Writes one run's files into ``out``.
+
+    Parameters
+    ----------
+    out
+        Output directory; created if missing. An unwritable directory raises
+        :class:`ConfigError` before any work is done.
+    columns
+        The metrics.csv columns after ``round`` (the evaluator's columns), followed by
+        ``wall_s`` and ``grad_evals``.
+    """
+
+    def __init__(self, out: str | os.PathLike, columns: tuple[str, ...]):
+        self.out = Path(out)
+        try:
+            self.out.mkdir(parents=True, exist_ok=True)
+            probe = self.out / ".write-test"
+            probe.write_text("")
+            probe.unlink()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write to --out {str(self.out)!r} ({e.strerror or e}); "
+                "choose a writable directory"
+            ) from None
+        self.columns = ("round", *columns, "wall_s", "grad_evals")
+        self._csv_file = open(self.out / "metrics.csv", "w", newline="")  # noqa: SIM115
+        self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
+        self._csv.writeheader()
+        self._csv_file.flush()
+        self.samples: list[np.ndarray] = []
+
+    def write_config(self, config: dict) -> None:
+        _atomic_write(
+            self.out / "config.json",
+            lambda p: p.write_text(json.dumps(config, indent=2, default=str) + "\n"),
+        )
+
+    def write_row(self, row: dict) -> None:
+        self._csv.writerow({k: row.get(k, "") for k in self.columns})
+        self._csv_file.flush()
+
+    def add_sample(self, theta_bar) -> None:
+        """Keep a collected global sample, (S, D), for samples.npy."""
+        self.samples.append(theta_bar.detach().to("cpu").float().numpy().copy())
+
+    def write_samples(self) -> None:
+        if not self.samples:
+            return
+        arr = np.stack(self.samples).astype(np.float32)  # (num_samples, chains, d)
+
+        def write(p: Path) -> None:
+            with open(p, "wb") as f:
+                np.save(f, arr)
+
+        _atomic_write(self.out / "samples.npy", write)
+
+    def write_summary(self, summary: dict) -> None:
+        _atomic_write(
+            self.out / "summary.json",
+            lambda p: p.write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n"),
+        )
+
+    def close(self) -> None:
+        if not self._csv_file.closed:
+            self._csv_file.close()
+
+
+def _jsonable(x):
+    try:
+        return float(x)
+    except (TypeError, ValueError):
+        return str(x)

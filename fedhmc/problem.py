@@ -1,0 +1,178 @@
+"""From a resolved :class:`~fedhmc.config.RunConfig` to what a run needs.
+
+A :class:`Problem` holds the federated target (the clients' energies), the evaluator of
+the global sample (the Bayesian-model-average predictive on the test split, or W₂ to the
+exact posterior for Gaussian targets), and the initial position. The engine, the Flower
+ServerApp and the Flower ClientApp all build theirs here, so they agree on the data.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import rng
+from .config import RunConfig
+from .errors import ConfigError
+from .metrics import BMAPredictive, gaussian_w2_diag, mean_of_chains, predictive_metrics
+from .models import MLP, build_model
+from .presets import GAUSSIAN_TARGETS
+from .targets import DataTarget, GaussianTarget, hetero_gaussian
+
+PREDICTIVE_COLUMNS = ("accuracy", "brier", "ece", "nll_mean", "nll_sum")
+GAUSSIAN_COLUMNS = ("w2", "mean_error")
+
+
+class PredictiveEvaluator:
+    """Per-round Bayesian-model-average predictive on the test split.
+
+    Each call gets the global sample θ̄ of every chain. When ``collect`` is true the
+    chains' samples join the running BMA; the metrics are those of the BMA over all samples
+    collected so far. Before the first sample (during burn-in) they are those of the
+    current θ̄'s predictive, averaged over chains; the ``samples`` column says which.
+    """
+
+    columns = ("samples", *PREDICTIVE_COLUMNS)
+
+    def __init__(self, model, X_test: torch.Tensor, y_test: torch.Tensor):
+        self.model = model
+        self.X = model.prepare(X_test)
+        self.y = y_test
+        self.bma = BMAPredictive()
+
+    def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
+        with torch.no_grad():
+            lp = self.model.log_probs(theta_bar, self.X.to(theta_bar.dtype))
+        if collect:
+            logp = self.bma.update(lp)
+        elif self.bma.log_probs is not None:
+            logp = self.bma.log_probs
+        else:
+            logp = mean_of_chains(lp)
+        return {"samples": self.bma.count, **predictive_metrics(logp, self.y)}
+
+
+class GaussianEvaluator:
+    """Per-round W₂ and mean error of the chains' current θ̄ against the exact posterior."""
+
+    columns = ("samples", *GAUSSIAN_COLUMNS)
+
+    def __init__(self, target: GaussianTarget, temperature: float):
+        self.posterior = target.posterior(temperature)
+        self.count = 0
+
+    def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
+        if collect:
+            self.count += theta_bar.shape[0]
+        w2, mean_err = gaussian_w2_diag(theta_bar, self.posterior.mean, self.posterior.var)
+        return {"samples": self.count, "w2": w2, "mean_error": mean_err}
+
+
+@dataclass
+class Problem:
+    """The federated target, the evaluator of θ̄, and facts about the data."""
+
+    target: DataTarget | GaussianTarget
+    evaluator: PredictiveEvaluator | GaussianEvaluator
+    model: object | None
+    description: str
+
+    @property
+    def dim(self) -> int:
+        return self.target.dim
+
+
+def torch_dtype(cfg: RunConfig) -> torch.dtype:
+    return torch.float64 if cfg.dtype == "float64" else torch.float32
+
+
+def load_client_data(cfg: RunConfig):
+    """Load the dataset and split it: (DatasetSplit, list of index arrays)."""
+    from fedhmc_datasets.partition import partition
+    from fedhmc_datasets.registry import load_dataset
+
+    kwargs = {}
+    if cfg.dim is not None:
+        kwargs["dim"] = cfg.dim
+    data = load_dataset(
+        cfg.dataset,
+        data_dir=cfg.data_dir,
+        download=cfg.download,
+        seed=cfg.seed,
+        scaling=cfg.scaling,
+        **kwargs,
+    )
+    n = int(data.y_train.shape[0])
+    if cfg.num_clients > n:
+        raise ConfigError(
+            f"--num-clients {cfg.num_clients} exceeds the {n} training examples of "
+            f"{cfg.dataset}; use at most {n}"
+        )
+    parts = partition(
+        data.y_train,
+        cfg.num_clients,
+        cfg.partition,
+        seed=cfg.seed,
+        alpha=cfg.dirichlet_alpha,
+        classes_per_client=cfg.classes_per_client,
+    )
+    return data, parts
+
+
+def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem:
+    """Build the target and evaluator of a resolved config (all clients)."""
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        post = target.posterior(cfg.temperature)
+        desc = (
+            f"heterogeneous Gaussian, d = {cfg.dim}, {cfg.num_clients} clients; "
+            f"exact posterior N({post.mean:.4g}·1, {post.var:.4g}·I)"
+        )
+        return Problem(target, GaussianEvaluator(target, cfg.temperature), None, desc)
+    data, parts = load_client_data(cfg)
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    client_parts = [(data.X_train[idx], data.y_train[idx]) for idx in parts]
+    target = DataTarget(
+        model, client_parts, cfg.batch_size, cfg.prior_std, dtype=dtype, device=device
+    )
+    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype), data.y_test)
+    return Problem(target, evaluator, model, data.description)
+
+
+def initial_position(problem: Problem, cfg: RunConfig, device="cpu") -> torch.Tensor:
+    """θ̄ at round 0, (S, D): zeros, or for an MLP a He-scaled normal draw per chain.
+
+    A zero start is a saddle of the MLP (every hidden unit identical), so its weights start
+    at N(0, 2 / fan_in), drawn from the run seed's initialisation stream.
+    """
+    S, D = cfg.chains, problem.dim
+    dtype = torch_dtype(cfg)
+    if isinstance(problem.model, MLP):
+        keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
+        z = rng.normal(keys, 0, D, dtype)
+        std = torch.sqrt(2.0 / problem.model.fan_in()).to(dtype)
+        return (z * std).to(device)
+    return torch.zeros(S, D, dtype=dtype, device=device)
+
+
+def bytes_per_round(cfg: RunConfig, dim: int) -> tuple[int, int]:
+    """(down, up) bytes of positions per round: every client gets and returns (S, D)."""
+    itemsize = 8 if cfg.dtype == "float64" else 4
+    per_client = cfg.chains * dim * itemsize
+    return cfg.num_clients * per_client, cfg.num_clients * per_client
+
+
+def is_finite(x: torch.Tensor) -> bool:
+    return bool(torch.isfinite(x).all())
+
+
+__all__ = [
+    "GaussianEvaluator",
+    "PredictiveEvaluator",
+    "Problem",
+    "build_problem",
+    "initial_position",
+    "bytes_per_round",
+]

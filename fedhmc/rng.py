@@ -1,0 +1,159 @@
+"""Counter-based random numbers keyed by (seed, round, chain, client, stream).
+
+FA-HMC needs three properties from its random numbers that ``torch.Generator`` cannot give
+at once:
+
+1. every client (and every chain) has its own stream, derived from the run seed, the chain,
+   the round and the client id, so that a Flower client that runs alone draws exactly the
+   numbers that the batched engine draws for it;
+2. the batched engine draws the streams of all clients and chains in one tensor operation,
+   with no Python loop over clients;
+3. the number drawn at a position does not depend on how many other numbers were drawn
+   before it, so padding, batching and skipping a draw change nothing else.
+
+A counter-based generator gives all three: the value at ``(key, counter)`` is a fixed hash
+of the two (SplitMix64's finaliser, applied twice), computed element-wise with int64 tensor
+arithmetic (multiplication wraps modulo 2**64, which is exactly the unsigned arithmetic the
+hash needs). Keys are derived by the same hash, one component at a time.
+
+Counters are 64-bit: the high bits hold a caller-chosen index (the local iteration, the
+gradient evaluation), the low 32 bits the element index within a draw, and the lowest bit
+picks one of the two uniforms that Box-Muller consumes per normal.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+_MASK64 = (1 << 64) - 1
+_GOLDEN = 0x9E3779B97F4A7C15
+_M1 = 0xBF58476D1CE4E5B9
+_M2 = 0x94D049BB133111EB
+
+
+def _signed(x: int) -> int:
+    """Two's-complement int64 view of an unsigned 64-bit integer."""
+    x &= _MASK64
+    return x - (1 << 64) if x >= (1 << 63) else x
+
+
+_GOLDEN_S, _M1_S, _M2_S = _signed(_GOLDEN), _signed(_M1), _signed(_M2)
+
+# Stream identifiers: each use of randomness gets its own key family.
+STREAM_MOMENTUM = 1
+STREAM_MINIBATCH = 2
+STREAM_GRAD_NOISE = 3
+STREAM_CLIENT = 4
+STREAM_ROUND = 5
+STREAM_CHAIN = 6
+STREAM_INIT = 7
+
+# Counter layout: hi index in bits 33..62, element in bits 1..32, Box-Muller half in bit 0.
+MAX_HI = 1 << 29
+MAX_ELEMENTS = 1 << 32
+
+
+def _shr(z: torch.Tensor, s: int) -> torch.Tensor:
+    """Logical (unsigned) right shift of int64 values."""
+    return (z >> s) & ((1 << (64 - s)) - 1)
+
+
+def _mix(z: torch.Tensor) -> torch.Tensor:
+    """SplitMix64 finaliser, element-wise on int64 tensors (wrap-around arithmetic)."""
+    z = (z ^ _shr(z, 30)) * _M1_S
+    z = (z ^ _shr(z, 27)) * _M2_S
+    return z ^ _shr(z, 31)
+
+
+def mix_int(z: int) -> int:
+    """SplitMix64 finaliser on a Python int (reference implementation, unsigned)."""
+    z &= _MASK64
+    z = ((z ^ (z >> 30)) * _M1) & _MASK64
+    z = ((z ^ (z >> 27)) * _M2) & _MASK64
+    return z ^ (z >> 31)
+
+
+def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
+    """Fold integers (or int64 tensors, broadcast) into a key: ``key = mix(key ^ mix(part))``.
+
+    Parameters
+    ----------
+    key
+        A seed (any Python int, reduced modulo 2**64) or an int64 tensor of keys.
+    *parts
+        Components to fold in, in order: Python ints or int64 tensors that broadcast
+        against ``key``.
+
+    Returns
+    -------
+    torch.Tensor
+        int64 keys with the broadcast shape of all inputs.
+    """
+    k = key if isinstance(key, torch.Tensor) else torch.tensor(_signed(key), dtype=torch.int64)
+    for part in parts:
+        p = part if isinstance(part, torch.Tensor) else torch.tensor(_signed(part))
+        k = _mix(k ^ _mix(p.to(torch.int64) + _GOLDEN_S))
+    return k
+
+
+def derive_int(key: int, *parts: int) -> int:
+    """:func:`derive` for Python ints; returns a non-negative int below 2**63.
+
+    The result fits an int64 (and Flower's ConfigRecord), so it can travel as a seed.
+    """
+    return int(derive(key, *parts).item()) & ((1 << 63) - 1)
+
+
+def _bits(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
+    """Hash of (key, counter): ``mix(key ^ mix(counter + golden))``, broadcast."""
+    return _mix(keys ^ _mix(counters + _GOLDEN_S))
+
+
+def _check_hi(hi: int) -> None:
+    if not 0 <= hi < MAX_HI:
+        raise ValueError(f"counter index {hi} outside [0, {MAX_HI})")
+
+
+def _counters(hi: int, n: int, device: torch.device) -> torch.Tensor:
+    _check_hi(hi)
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"cannot draw {n} numbers at once (at most {MAX_ELEMENTS})")
+    return (hi << 33) | (torch.arange(n, dtype=torch.int64, device=device) << 1)
+
+
+def uniform(keys: torch.Tensor, hi: int, n: int) -> torch.Tensor:
+    """Uniform(0, 1) float64 draws, shape ``keys.shape + (n,)``, 53 random bits each.
+
+    Element ``i`` of the draw with index ``hi`` under a given key is the same number
+    whatever ``n`` is, so a padded draw agrees with an unpadded one on the common prefix.
+    """
+    bits = _bits(keys.unsqueeze(-1), _counters(hi, n, keys.device))
+    return _shr(bits, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tensor:
+    """``count`` consecutive :func:`uniform` draws at once, shape ``keys.shape + (count, n)``.
+
+    Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
+    """
+    _check_hi(hi + count - 1)
+    rows = [_counters(hi + j, n, keys.device) for j in range(count)]
+    bits = _bits(keys.unsqueeze(-1).unsqueeze(-1), torch.stack(rows))
+    return _shr(bits, 11).to(torch.float64) * (1.0 / (1 << 53))
+
+
+def normal(keys: torch.Tensor, hi: int, n: int, dtype: torch.dtype = torch.float32) -> torch.Tensor:
+    """Standard normal draws by Box-Muller, shape ``keys.shape + (n,)``.
+
+    Element ``i`` uses the two uniforms at counters ``2i`` and ``2i + 1`` of draw ``hi``.
+    """
+    c = _counters(hi, n, keys.device)
+    k = keys.unsqueeze(-1)
+    u1 = _shr(_bits(k, c), 11).to(torch.float64)
+    u2 = _shr(_bits(k, c | 1), 11).to(torch.float64)
+    # 1 - u keeps the logarithm's argument in (0, 1].
+    r = torch.sqrt(-2.0 * torch.log1p(-u1 * (1.0 / (1 << 53))))
+    z = r * torch.cos((2.0 * math.pi / (1 << 53)) * u2)
+    return z.to(dtype)

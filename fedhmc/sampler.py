@@ -1,0 +1,229 @@
+"""FA-HMC: federated averaging of stochastic-gradient HMC (Liang et al. 2024, Algorithm 3).
+
+One communication round, on every client c in parallel, starting from the broadcast θ̄:
+
+    for t = 0 … T−1:
+        p  = √ρ ξ_t + √(1−ρ) ξ_t^(c) / √w_c             (fedhmc.momentum)
+        θ^(c) ← leapfrog(∇f̃^(c), θ^(c), p, η, K)        (fedhmc.integrators)
+    θ̄ = Σ_c w_c θ^(c)                                   (fedhmc.aggregate)
+
+K = 1 is FA-LD (federated averaging Langevin dynamics with learning rate η²/2).
+
+The gradient oracle adds the injected noise N(0, σ_g² I) when σ_g > 0 and divides by the
+posterior temperature τ (the target is exp(−f/τ)).
+
+Randomness is counter-based and keyed (:mod:`fedhmc.rng`):
+
+- the round seed, ``round_seed(seed, r)``, is what the server broadcasts; the shared
+  momentum key of chain s is ``derive(round_seed, s)``;
+- client c's own seed is ``client_seed(seed, c)``; its private key in round r for chain s is
+  ``derive(client_seed, r, s)``, from which the momentum, minibatch and gradient-noise
+  streams are folded out.
+
+So :func:`client_update`, which runs one client alone (what the Flower ClientApp calls),
+draws exactly the numbers :func:`run_round` draws for that client in the batched engine.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from . import rng
+from .aggregate import weighted_average
+from .integrators import leapfrog
+from .momentum import draw_momentum
+
+
+@dataclass(frozen=True)
+class SamplerSettings:
+    """The tunable values of one FA-HMC round.
+
+    Attributes
+    ----------
+    step_size
+        Leapfrog step size η.
+    leapfrog_steps
+        K, leapfrog steps per local iteration (K = 1: FA-LD).
+    local_steps
+        T, local iterations per communication round.
+    rho
+        Momentum correlation ρ ∈ [0, 1] across clients.
+    grad_noise
+        σ_g of the Gaussian noise added to every gradient (0: none).
+    temperature
+        Posterior temperature τ > 0: the chain targets exp(−f/τ).
+    """
+
+    step_size: float
+    leapfrog_steps: int
+    local_steps: int
+    rho: float = 1.0
+    grad_noise: float = 0.0
+    temperature: float = 1.0
+
+    @property
+    def grad_evals_per_round(self) -> int:
+        """Gradient evaluations per client and chain in one round: T (K + 1)."""
+        return self.local_steps * (self.leapfrog_steps + 1)
+
+
+@dataclass
+class RoundInfo:
+    """Diagnostics of one round of local iterations."""
+
+    grad_evals: int
+    """Client-gradient evaluations, summed over clients and chains."""
+    energy: torch.Tensor
+    """(S, N): the minibatch energy estimate of each chain and client at its last position."""
+
+
+def round_seed(seed: int, round_: int) -> int:
+    """The seed the server broadcasts in round ``round_`` (shared momentum)."""
+    return rng.derive_int(seed, rng.STREAM_ROUND, round_)
+
+
+def client_seed(seed: int, client: int) -> int:
+    """Client ``client``'s private seed (never sent over the network)."""
+    return rng.derive_int(seed, rng.STREAM_CLIENT, client)
+
+
+def round_keys(
+    seed_of_round: int, client_seeds: torch.Tensor, round_: int, chains: torch.Tensor
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """Shared keys (S,) and private keys (S, N) of a round."""
+    shared = rng.derive(seed_of_round, chains)
+    private = rng.derive(client_seeds.view(1, -1), round_, chains.view(-1, 1))
+    return shared, private
+
+
+def local_iterations(
+    target,
+    theta: torch.Tensor,
+    shared_keys: torch.Tensor,
+    private_keys: torch.Tensor,
+    settings: SamplerSettings,
+) -> tuple[torch.Tensor, RoundInfo]:
+    """Run T local FA-HMC iterations on every (chain, client) at once.
+
+    Parameters
+    ----------
+    target
+        A target from :mod:`fedhmc.targets` with N clients.
+    theta
+        Start positions, (S, N, D). Not modified.
+    shared_keys, private_keys
+        From :func:`round_keys`: (S,) and (S, N).
+    settings
+        η, K, T, ρ, σ_g, τ.
+
+    Returns
+    -------
+    (theta, info)
+        End positions (S, N, D) and :class:`RoundInfo`.
+    """
+    S, N, D = theta.shape
+    K, eta = settings.leapfrog_steps, settings.step_size
+    keys_mom = rng.derive(private_keys, rng.STREAM_MOMENTUM)
+    keys_batch = rng.derive(private_keys, rng.STREAM_MINIBATCH)
+    keys_noise = rng.derive(private_keys, rng.STREAM_GRAD_NOISE)
+    sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
+    last_energy = torch.zeros(S, N, dtype=theta.dtype, device=theta.device)
+    T = settings.local_steps
+    for t in range(T):
+        p = draw_momentum(shared_keys, keys_mom, target.weights, settings.rho, t, D, theta.dtype)
+        base = t * (K + 1)
+        target.prefetch(keys_batch, base, K + 1)
+        final = base + K if t == T - 1 else -1
+
+        def grad_fn(th: torch.Tensor, k: int, base=base, final=final) -> torch.Tensor:
+            # The energy is only needed once a round, to stop a diverging chain.
+            need_energy = base + k == final
+            g, energy = target.grad(th, keys_batch, base + k, need_energy)
+            if sigma > 0.0:
+                g = g.add_(rng.normal(keys_noise, base + k, D, g.dtype), alpha=sigma)
+            if inv_temp != 1.0:
+                g = g.mul_(inv_temp)
+            if need_energy:
+                last_energy.copy_(energy * inv_temp)
+            return g
+
+        theta, _, _ = leapfrog(grad_fn, theta, p, eta, K)
+    return theta, RoundInfo(settings.grad_evals_per_round * S * N, last_energy)
+
+
+def run_round(
+    target,
+    theta_bar: torch.Tensor,
+    seed: int,
+    round_: int,
+    settings: SamplerSettings,
+    chains: torch.Tensor | None = None,
+    client_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, RoundInfo]:
+    """One communication round of the batched engine: local iterations, then θ̄.
+
+    Parameters
+    ----------
+    theta_bar
+        Broadcast positions, (S, D).
+    seed, round_
+        Run seed and round number (1-based).
+    chains, client_ids
+        Chain and client indices used for key derivation (default 0 … S−1, 0 … N−1).
+
+    Returns
+    -------
+    (theta_bar, info)
+        The new average (S, D) and the round's :class:`RoundInfo`.
+    """
+    S, D = theta_bar.shape
+    N = target.num_clients
+    device = theta_bar.device
+    chains = torch.arange(S, device=device) if chains is None else chains
+    ids = torch.arange(N) if client_ids is None else client_ids
+    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    shared, private = round_keys(round_seed(seed, round_), seeds, round_, chains)
+    theta = theta_bar.unsqueeze(1).expand(S, N, D)
+    theta, info = local_iterations(target, theta, shared, private, settings)
+    return weighted_average(theta, target.weights), info
+
+
+def client_update(
+    target,
+    theta_bar: torch.Tensor,
+    seed_of_round: int,
+    seed_of_client: int,
+    round_: int,
+    settings: SamplerSettings,
+    chains: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, RoundInfo]:
+    """T local iterations of one client alone: what a Flower client runs each round.
+
+    Parameters
+    ----------
+    target
+        The client's own target (one client; its weight w_c = n_c / n uses the global n).
+    theta_bar
+        The broadcast positions, (S, D).
+    seed_of_round
+        The round seed the server sent (:func:`round_seed`).
+    seed_of_client
+        The client's private seed (:func:`client_seed`).
+    round_
+        The round number.
+
+    Returns
+    -------
+    (theta, info)
+        The client's new positions (S, D), equal to the batched engine's to float tolerance.
+    """
+    if target.num_clients != 1:
+        raise ValueError("client_update takes a single client's target (target.client(c))")
+    S, D = theta_bar.shape
+    chains = torch.arange(S, device=theta_bar.device) if chains is None else chains
+    seeds = torch.tensor([seed_of_client], device=theta_bar.device)
+    shared, private = round_keys(seed_of_round, seeds, round_, chains)
+    theta, info = local_iterations(target, theta_bar.unsqueeze(1), shared, private, settings)
+    return theta[:, 0], info

@@ -1,0 +1,333 @@
+"""Federated targets: the clients' local energies f^(c) and their stochastic gradients.
+
+ALGORITHMS.md §1. Client c holds n_c points, n = Σ n_c, w_c = n_c / n, and
+
+    f^(c)(θ) = (n / n_c) Σ_i ℓ(θ; z_i^c) − log p₀(θ),     f = Σ_c w_c f^(c),
+
+so every local energy is the client's own data scaled up to the full data size plus the
+whole prior, and π ∝ exp(−f) is the full-data posterior. A minibatch S of size B gives the
+unbiased estimate (n / B) Σ_{i∈S} ∇ℓ(θ; z_i^c) − ∇log p₀(θ).
+
+A target is evaluated on positions of shape (S, N, D): S chains × N clients. Its ``grad``
+takes per-(chain, client) int64 keys from which it draws its minibatches (counter-based,
+see :mod:`fedhmc.rng`), so a target restricted to one client (``client(c)``) draws exactly
+what the full target draws for that client.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from . import rng
+
+
+class DataTarget:
+    """A model's negative log posterior over data split across clients.
+
+    Parameters
+    ----------
+    model
+        A model from :mod:`fedhmc.models`.
+    parts
+        One (X_c, y_c) pair per client: features (n_c, F) and integer labels (n_c,).
+    batch_size
+        Minibatch size B per client and gradient evaluation; 0 (or ≥ n_c) means the full
+        local data set. A client with n_c < B uses B_c = n_c (its full data).
+    prior_std
+        σ₀ of the N(0, σ₀² I) prior; ``math.inf`` for a flat prior.
+    num_total
+        n, the total number of training points. Defaults to Σ n_c; a single client's view
+        passes the global n so that its gradient scale n / B is the global one.
+    """
+
+    def __init__(
+        self,
+        model,
+        parts: list[tuple[torch.Tensor, torch.Tensor]],
+        batch_size: int,
+        prior_std: float,
+        num_total: int | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        if not parts:
+            raise ValueError("a DataTarget needs at least one client")
+        self.model = model
+        self.dim = model.dim
+        self.batch_size = int(batch_size)
+        self.prior_std = float(prior_std)
+        self.dtype, self.device = dtype, torch.device(device)
+        counts = [int(y.shape[0]) for _, y in parts]
+        if min(counts) < 1:
+            raise ValueError("every client needs at least one example")
+        self.counts = torch.tensor(counts, dtype=torch.int64, device=self.device)
+        self.num_total = int(num_total if num_total is not None else sum(counts))
+        self.num_clients = len(parts)
+        self.weights = self.counts.to(torch.float64) / self.num_total
+        n_max = max(counts)
+        feats = [model.prepare(X.to(dtype)) for X, _ in parts]
+        X = torch.zeros(self.num_clients, n_max, feats[0].shape[-1], dtype=dtype)
+        y = torch.zeros(self.num_clients, n_max, dtype=torch.int64)
+        for c, (Xc, (_, yc)) in enumerate(zip(feats, parts, strict=True)):
+            X[c, : Xc.shape[0]] = Xc
+            y[c, : yc.shape[0]] = yc.to(torch.int64)
+        self.X, self.y = X.to(self.device), y.to(self.device)
+        self._parts = parts
+        valid = torch.arange(n_max, device=self.device) < self.counts.unsqueeze(1)
+        self._valid = valid
+        full = self.batch_size <= 0 or self.batch_size >= n_max
+        self.full_batch = full
+        if full:
+            scale = (self.num_total / self.counts.to(torch.float64)).to(dtype)
+            self._full_sw = valid.to(dtype) * scale.unsqueeze(1)
+        else:
+            b_c = torch.clamp(self.counts, max=self.batch_size)
+            self._b_max = self.batch_size
+            self._ragged = bool((b_c < self.batch_size).any())
+            self._batch_scale = (self.num_total / b_c.to(torch.float64)).to(dtype)
+            self._batch_mask = (
+                torch.arange(self.batch_size, device=self.device) < b_c.unsqueeze(1)
+            ).to(dtype)
+
+    def client(self, c: int) -> DataTarget:
+        """The same target restricted to client ``c`` (keeps the global n)."""
+        return DataTarget(
+            self.model,
+            [self._parts[c]],
+            self.batch_size,
+            self.prior_std,
+            num_total=self.num_total,
+            dtype=self.dtype,
+            device=self.device,
+        )
+
+    def prefetch(self, keys: torch.Tensor, start: int, count: int) -> None:
+        """Draw the minibatch indices of evaluations ``start … start+count−1`` in one go.
+
+        The result is exactly what :meth:`grad` would draw one evaluation at a time; doing
+        it per local iteration (K + 1 evaluations) saves most of the per-call overhead.
+        """
+        if self.full_batch:
+            return
+        u = rng.uniform_block(keys, start, count, self.X.shape[1])  # (S, N, count, n_max)
+        u.masked_fill_(~self._valid.unsqueeze(1), 2.0)
+        # The B_c smallest uniforms of client c: a uniformly random subset of its points.
+        idx = torch.topk(u, self._b_max, dim=-1, largest=False, sorted=self._ragged).indices
+        self._plan = (keys, start, idx)
+
+    def _indices(self, keys: torch.Tensor, index: int) -> torch.Tensor:
+        plan = getattr(self, "_plan", None)
+        if plan is not None and plan[0] is keys and 0 <= index - plan[1] < plan[2].shape[2]:
+            return plan[2][:, :, index - plan[1]]
+        self.prefetch(keys, index, 1)
+        return self._plan[2][:, :, 0]
+
+    def _batch(self, keys: torch.Tensor, index: int, S: int):
+        N = self.num_clients
+        if self.full_batch:
+            X = self.X.unsqueeze(0).expand(S, *self.X.shape)
+            y = self.y.unsqueeze(0).expand(S, *self.y.shape)
+            sw = self._full_sw.unsqueeze(0).expand(S, *self._full_sw.shape)
+            return X, y, sw
+        idx = self._indices(keys, index)
+        cid = torch.arange(N, device=self.device).view(1, N, 1)
+        X, y = self.X[cid, idx], self.y[cid, idx]
+        sw = (self._batch_mask * self._batch_scale.unsqueeze(1)).unsqueeze(0).expand(S, N, -1)
+        return X, y, sw
+
+    def grad(
+        self, theta: torch.Tensor, keys: torch.Tensor, index: int, need_energy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Stochastic gradient and energy estimate of every (chain, client).
+
+        Parameters
+        ----------
+        theta
+            Positions, (S, N, D).
+        keys
+            Minibatch keys, int64 (S, N).
+        index
+            Gradient-evaluation counter: selects the minibatch drawn under each key.
+        need_energy
+            Also return the energy estimate (costs a little more).
+
+        Returns
+        -------
+        (grad, energy)
+            (S, N, D) and (S, N) (or None): the minibatch estimates of ∇f^(c) and f^(c).
+        """
+        S, N, D = theta.shape
+        X, y, sw = self._batch(keys, index, S)
+        rows = S * N
+        g, nll = self.model.loss_grad(
+            theta.reshape(rows, D),
+            X.reshape(rows, *X.shape[2:]),
+            y.reshape(rows, -1),
+            sw.reshape(rows, -1),
+            need_energy,
+        )
+        g = g.view(S, N, D)
+        energy = nll.view(S, N) if need_energy else None
+        if math.isfinite(self.prior_std):
+            prec = 1.0 / (self.prior_std**2)
+            g = g.add_(theta, alpha=prec)
+            if need_energy:
+                energy = energy + 0.5 * prec * theta.square().sum(-1)
+        return g, energy
+
+
+@dataclass(frozen=True)
+class GaussianPosterior:
+    """Isotropic Gaussian N(mean·1_d, var·I)."""
+
+    mean: float
+    var: float
+    dim: int
+
+
+class GaussianTarget:
+    """Clients with quadratic energies f^(c)(θ) = ‖θ − μ_c 1_d‖² / (2 s_c²).
+
+    Stochastic gradients come only from the engine's injected noise σ_g; this target's
+    gradients are exact. The global energy f = Σ_c w_c f^(c) gives the exact posterior
+    N(m 1_d, v I) with 1/v = Σ_c w_c / s_c² and m = v Σ_c w_c μ_c / s_c².
+    """
+
+    def __init__(
+        self,
+        means: torch.Tensor | list[float],
+        variances: torch.Tensor | list[float],
+        dim: int,
+        weights: torch.Tensor | list[float] | None = None,
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+    ):
+        self.device = torch.device(device)
+        self.dtype = dtype
+        self.means = torch.as_tensor(means, dtype=torch.float64, device=self.device)
+        self.variances = torch.as_tensor(variances, dtype=torch.float64, device=self.device)
+        self.num_clients = int(self.means.shape[0])
+        if weights is None:
+            weights = torch.full((self.num_clients,), 1.0 / self.num_clients)
+        w = torch.as_tensor(weights, dtype=torch.float64, device=self.device)
+        self.weights = w / w.sum()
+        self.dim = int(dim)
+        self._mu = self.means.to(dtype).view(1, -1, 1)
+        self._prec = (1.0 / self.variances).to(dtype).view(1, -1, 1)
+
+    def client(self, c: int) -> GaussianTarget:
+        t = GaussianTarget(
+            self.means[c : c + 1],
+            self.variances[c : c + 1],
+            self.dim,
+            dtype=self.dtype,
+            device=self.device,
+        )
+        t.weights = self.weights[c : c + 1]
+        return t
+
+    def prefetch(self, keys: torch.Tensor, start: int, count: int) -> None:
+        """Nothing to draw: the gradients are exact."""
+
+    def grad(self, theta: torch.Tensor, keys: torch.Tensor, index: int, need_energy=True):
+        diff = theta - self._mu
+        energy = 0.5 * (diff.square() * self._prec).sum(-1) if need_energy else None
+        return diff.mul_(self._prec), energy
+
+    def posterior(self, temperature: float = 1.0) -> GaussianPosterior:
+        """The exact posterior of exp(−f / temperature)."""
+        prec = float((self.weights / self.variances).sum())
+        mean = float((self.weights * self.means / self.variances).sum()) / prec
+        return GaussianPosterior(mean, temperature / prec, self.dim)
+
+
+def hetero_gaussian(
+    num_clients: int, dim: int, dtype: torch.dtype = torch.float32, device="cpu"
+) -> GaussianTarget:
+    """The heterogeneous Gaussian of the paper's §5.2, as the core issue defines it.
+
+    The first ⌈N/2⌉ clients have (μ_c, s_c²) = (20, 1), the others (1, 2); equal weights.
+    With N even the exact posterior is N(m 1_d, v I) with v = 4/3 and m = 41/3 ≈ 13.67.
+    (The paper quotes N(16.2 1_d, 1.6 I), which is what s² = 4 for the second half gives.)
+    """
+    first = (num_clients + 1) // 2
+    means = [20.0] * first + [1.0] * (num_clients - first)
+    variances = [1.0] * first + [2.0] * (num_clients - first)
+    return GaussianTarget(means, variances, dim, dtype=dtype, device=device)
+
+
+def fahmc_gaussian_stationary(
+    means,
+    variances,
+    weights,
+    step_size: float,
+    leapfrog_steps: int,
+    local_steps: int,
+    rho: float,
+    grad_noise: float = 0.0,
+    temperature: float = 1.0,
+) -> tuple[float, float, float]:
+    """Exact stationary law of FA-HMC's global sample on a :class:`GaussianTarget`.
+
+    On quadratic energies every FA-HMC operation is linear-Gaussian, coordinate by
+    coordinate, so one communication round maps the broadcast coordinate θ̄ to
+    θ̄′ = α θ̄ + β + N(0, γ). This function composes the leapfrog, the partially shared
+    momentum and the injected gradient noise in float64 to get α, β and γ; the
+    stationary law is N(β / (1 − α), γ / (1 − α²)). It includes every discretisation and
+    local-drift bias of the algorithm, so a test can compare the sampler against it with
+    Monte Carlo tolerances alone.
+
+    Returns
+    -------
+    (mean, var, alpha)
+        Stationary mean and variance of each coordinate of θ̄, and the per-round
+        contraction α (|α| < 1 for a stable sampler; the autocorrelation of θ̄).
+    """
+    mu = np.asarray(means, dtype=float)
+    a = 1.0 / (np.asarray(variances, dtype=float) * temperature)
+    w = np.asarray(weights, dtype=float)
+    w = w / w.sum()
+    sig = grad_noise / temperature
+    eta, K = float(step_size), int(leapfrog_steps)
+    N = mu.shape[0]
+    A, B, C, V = np.empty(N), np.empty(N), np.empty(N), np.empty(N)
+    for c in range(N):
+        # Affine forms over the basis [θ0, p0, 1, ε_0 … ε_K].
+        basis = K + 4
+        th = np.zeros(basis)
+        th[0] = 1.0
+        p = np.zeros(basis)
+        p[1] = 1.0
+
+        def grad(theta, k, c=c):
+            g = a[c] * theta
+            g[2] -= a[c] * mu[c]
+            g[3 + k] += sig
+            return g
+
+        g = grad(th, 0)
+        for k in range(K):
+            th = th + eta * p - 0.5 * eta * eta * g
+            g_next = grad(th, k + 1)
+            p = p - 0.5 * eta * (g + g_next)
+            g = g_next
+        A[c], B[c], C[c], V[c] = th[0], th[1], th[2], float(np.sum(th[3:] ** 2))
+
+    def one_round(m0: float, v0: float) -> tuple[float, float]:
+        m = np.full(N, m0)
+        cov = np.full((N, N), v0)
+        for _ in range(local_steps):
+            m = A * m + C
+            cov = (A[:, None] * cov * A[None, :]) + rho * np.outer(B, B)
+            cov += np.diag((1.0 - rho) * B**2 / w + V)
+        return float(w @ m), float(w @ cov @ w)
+
+    beta, gamma = one_round(0.0, 0.0)
+    alpha = one_round(1.0, 0.0)[0] - beta
+    if not abs(alpha) < 1.0:
+        return math.nan, math.nan, alpha
+    return beta / (1.0 - alpha), gamma / (1.0 - alpha**2), alpha

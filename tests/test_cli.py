@@ -1,0 +1,157 @@
+"""`fedhmc run`: files, reproducibility, and one-line errors."""
+
+import csv
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from fedhmc.cli import main
+
+QUICK = ["--rounds", "4", "--local-steps", "2", "--leapfrog-steps", "3", "--quiet"]
+
+
+def read_csv(path):
+    with open(path) as f:
+        return list(csv.DictReader(f))
+
+
+def test_run_writes_valid_files(tmp_path):
+    out = tmp_path / "run"
+    assert (
+        main(
+            ["run", *QUICK, "--burn-in", "1", "--chains", "2", "--save-samples", "--out", str(out)]
+        )
+        == 0
+    )
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["dataset"] == "digits" and cfg["step_size"] > 0 and cfg["leapfrog_steps"] == 3
+    rows = read_csv(out / "metrics.csv")
+    assert [int(r["round"]) for r in rows] == [1, 2, 3, 4]
+    for col in ("accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s", "grad_evals"):
+        assert all(np.isfinite(float(r[col])) for r in rows), col
+    assert 0.0 <= float(rows[-1]["accuracy"]) <= 1.0
+    # 10 clients · 2 chains · T·(K+1) = 8 evaluations per round.
+    assert int(rows[-1]["grad_evals"]) == 4 * 10 * 2 * 8
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["grad_evals"] == 640
+    d = summary["dim"]
+    assert summary["bytes_total"] == 4 * 2 * 10 * 2 * d * 4  # rounds·(up+down)·N·S·D·4 bytes
+    samples = np.load(out / "samples.npy")
+    assert samples.shape == (3, 2, d) and samples.dtype == np.float32
+
+
+def test_gaussian_target_columns(tmp_path):
+    out = tmp_path / "g"
+    assert (
+        main(
+            [
+                "run",
+                "--dataset",
+                "gaussian-hetero",
+                "--dim",
+                "3",
+                "--chains",
+                "20",
+                *QUICK,
+                "--out",
+                str(out),
+            ]
+        )
+        == 0
+    )
+    rows = read_csv(out / "metrics.csv")
+    assert {"w2", "mean_error"} <= set(rows[0]) and "accuracy" not in rows[0]
+    assert float(rows[-1]["w2"]) > 0
+
+
+def test_same_seed_gives_identical_files(tmp_path):
+    for name in ("a", "b", "c"):
+        seed = "1" if name != "c" else "2"
+        main(
+            [
+                "run",
+                *QUICK,
+                "--seed",
+                seed,
+                "--rho",
+                "0.5",
+                "--save-samples",
+                "--burn-in",
+                "0",
+                "--out",
+                str(tmp_path / name),
+            ]
+        )
+
+    def content(name):
+        rows = read_csv(tmp_path / name / "metrics.csv")
+        for r in rows:
+            r.pop("wall_s")
+        return rows, (tmp_path / name / "samples.npy").read_bytes()
+
+    assert content("a") == content("b")
+    assert content("a")[1] != content("c")[1]
+
+
+def test_fald_is_k_equal_one(tmp_path):
+    assert (
+        main(
+            ["run", "--algorithm", "fald", "--rounds", "2", "--quiet", "--out", str(tmp_path / "f")]
+        )
+        == 0
+    )
+    assert json.loads((tmp_path / "f" / "config.json").read_text())["leapfrog_steps"] == 1
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--dataset", "nope"], "unknown dataset"),
+        (["--rho", "1.5"], "--rho"),
+        (["--leapfrog-steps", "0"], "--leapfrog-steps"),
+        (["--step-size", "0"], "--step-size"),
+        (["--step-size", "-1e-3"], "--step-size"),
+        (["--num-clients", "100000"], "--num-clients"),
+        (["--algorithm", "fald", "--leapfrog-steps", "5"], "fald"),
+        (["--rounds", "abc"], "rounds"),
+        (["--out", "/proc/forbidden/x"], "--out"),
+    ],
+)
+def test_bad_input_exits_with_one_line(tmp_path, args, needle):
+    cmd = [
+        sys.executable,
+        "-m",
+        "fedhmc",
+        "run",
+        "--rounds",
+        "1",
+        "--out",
+        str(tmp_path / "x"),
+        *args,
+    ]
+    proc = subprocess.run(
+        cmd,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
+    assert proc.returncode == 2, proc.stderr
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1, proc.stderr
+    assert needle in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_divergence_stops_with_one_line_and_valid_files(tmp_path, capsys):
+    out = tmp_path / "div"
+    code = main(["run", "--step-size", "50", "--rounds", "5", "--quiet", "--out", str(out)])
+    err = capsys.readouterr().err.strip().splitlines()
+    assert code == 2 and len(err) == 1
+    assert "round 1" in err[0] and "--step-size" in err[0]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "diverged" and summary["rounds_completed"] == 0
+    assert read_csv(out / "metrics.csv") == []

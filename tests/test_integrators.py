@@ -1,0 +1,91 @@
+"""Leapfrog: exact, deterministic checks in float64 (NumPyro's integrator tests as model)."""
+
+import math
+
+import pytest
+import torch
+
+from fedhmc.integrators import leapfrog
+
+
+def _oscillator(omega: float):
+    calls = []
+
+    def grad(theta, k):
+        calls.append(k)
+        return omega**2 * theta
+
+    return grad, calls
+
+
+@pytest.mark.parametrize("eta,K,omega", [(0.1, 7, 1.0), (0.03, 50, 2.0), (0.5, 3, 1.5)])
+def test_harmonic_oscillator_reaches_the_discrete_analytic_end_point(eta, K, omega):
+    # Leapfrog on H = p²/2 + ω²q²/2 is a rotation by φ with cos φ = 1 − η²ω²/2:
+    # q_K = cos(Kφ) q0 + sin(Kφ) p0 / (ω √(1 − η²ω²/4)).
+    grad, calls = _oscillator(omega)
+    q0 = torch.tensor([0.7, -1.2], dtype=torch.float64)
+    p0 = torch.tensor([0.3, 0.5], dtype=torch.float64)
+    q, p, _ = leapfrog(grad, q0, p0, eta, K)
+    phi = math.acos(1 - eta**2 * omega**2 / 2)
+    scale = omega * math.sqrt(1 - eta**2 * omega**2 / 4)
+    q_exact = math.cos(K * phi) * q0 + math.sin(K * phi) * p0 / scale
+    p_exact = -math.sin(K * phi) * scale * q0 + math.cos(K * phi) * p0
+    torch.testing.assert_close(q, q_exact, rtol=0, atol=1e-12)
+    torch.testing.assert_close(p, p_exact, rtol=0, atol=1e-12)
+    assert calls == list(range(K + 1)), "K + 1 gradient evaluations, numbered 0 … K"
+
+
+def test_converges_to_the_continuous_solution_at_order_two():
+    omega, t_end = 1.3, 2.0
+    q0 = torch.tensor([1.0], dtype=torch.float64)
+    p0 = torch.tensor([0.0], dtype=torch.float64)
+    errs = []
+    for K in (20, 40, 80):
+        q, _, _ = leapfrog(_oscillator(omega)[0], q0, p0, t_end / K, K)
+        errs.append(abs(float(q) - math.cos(omega * t_end)))
+    assert 3.5 < errs[0] / errs[1] < 4.5 and 3.5 < errs[1] / errs[2] < 4.5
+
+
+def test_energy_error_is_order_eta_squared():
+    # Anisotropic Gaussian energy ½ θᵀ diag(a) θ.
+    a = torch.tensor([1.0, 4.0, 9.0], dtype=torch.float64)
+
+    def grad(theta, k):
+        return a * theta
+
+    def energy(q, p):
+        return float(0.5 * (a * q * q).sum() + 0.5 * (p * p).sum())
+
+    q0 = torch.tensor([1.0, 0.5, -0.3], dtype=torch.float64)
+    p0 = torch.tensor([-0.2, 0.8, 0.4], dtype=torch.float64)
+    h0 = energy(q0, p0)
+    t_end, errs = 1.7, []
+    for eta in (0.04, 0.02, 0.01):
+        K = round(t_end / eta)
+        worst, q, p = 0.0, q0, p0
+        for _ in range(K):  # one step at a time, to see the whole trajectory
+            q, p, _ = leapfrog(grad, q, p, eta, 1)
+            worst = max(worst, abs(energy(q, p) - h0))
+        errs.append(worst)
+    assert errs[0] < 0.02
+    assert 3.5 < errs[0] / errs[1] < 4.5 and 3.5 < errs[1] / errs[2] < 4.5
+
+
+def test_time_reversibility():
+    # A non-quadratic energy: f(θ) = Σ log cosh(θ) + θ⁴/4.
+    def grad(theta, k):
+        return torch.tanh(theta) + theta**3
+
+    gen = torch.Generator().manual_seed(0)
+    q0 = torch.randn(5, dtype=torch.float64, generator=gen)
+    p0 = torch.randn(5, dtype=torch.float64, generator=gen)
+    q1, p1, _ = leapfrog(grad, q0, p0, 0.05, 40)
+    q2, p2, _ = leapfrog(grad, q1, -p1, 0.05, 40)
+    torch.testing.assert_close(q2, q0, rtol=0, atol=1e-12)
+    torch.testing.assert_close(-p2, p0, rtol=0, atol=1e-12)
+
+
+def test_inputs_are_not_modified():
+    q0, p0 = torch.ones(3), torch.ones(3)
+    leapfrog(lambda th, k: th, q0, p0, 0.1, 3)
+    assert torch.equal(q0, torch.ones(3)) and torch.equal(p0, torch.ones(3))

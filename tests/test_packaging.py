@@ -1,0 +1,102 @@
+"""Packaging: every import is ours, `datasets` stays with its owner, the core has no flwr."""
+
+import pkgutil
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+OUR_TOP_LEVEL = {"fedhmc", "fedhmc_datasets", "fedhmc_server", "fedhmc_clients"}
+
+
+def _fake_owner(tmp_path):
+    site = tmp_path / "site"
+    (site / "datasets").mkdir(parents=True)
+    (site / "datasets" / "__init__.py").write_text("OWNER = 'huggingface'\n")
+    return site
+
+
+@pytest.mark.parametrize("cwd", ["repo", "elsewhere"])
+def test_installed_fedhmc_leaves_import_datasets_to_its_owner(tmp_path, cwd):
+    site = _fake_owner(tmp_path)
+    code = (
+        "import fedhmc, fedhmc.cli, fedhmc_datasets.registry, fedhmc_datasets.partition\n"
+        "import datasets\n"
+        "assert getattr(datasets, 'OWNER', None) == 'huggingface', datasets\n"
+        "print('ok')\n"
+    )
+    env = {"PYTHONPATH": str(site), "PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(
+        [sys.executable, "-c", code],
+        cwd=ROOT if cwd == "repo" else tmp_path,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0 and "ok" in proc.stdout, proc.stderr
+
+
+def test_without_an_owner_datasets_is_not_importable_from_elsewhere(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-c", "import fedhmc_datasets.registry\nimport datasets"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    try:
+        import datasets  # noqa: F401
+
+        pytest.skip("a real `datasets` package is installed here")
+    except ImportError:
+        pass
+    assert proc.returncode != 0 and "No module named 'datasets'" in proc.stderr
+
+
+def test_wheel_installs_only_names_of_ours(tmp_path):
+    pytest.importorskip("setuptools")
+    proc = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "pip",
+            "wheel",
+            "--no-deps",
+            "--no-build-isolation",
+            "-q",
+            "-w",
+            str(tmp_path),
+            str(ROOT),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+    assert proc.returncode == 0, proc.stderr
+    (wheel,) = tmp_path.glob("fedhmc-*.whl")
+    names = zipfile.ZipFile(wheel).namelist()
+    tops = {n.split("/")[0] for n in names if not n.split("/")[0].endswith(".dist-info")}
+    assert {"fedhmc", "fedhmc_datasets"} <= tops <= OUR_TOP_LEVEL, tops
+    assert any(n.startswith("fedhmc_datasets/") for n in names)
+
+
+def test_core_never_imports_flwr():
+    import fedhmc
+
+    for path in Path(fedhmc.__file__).parent.glob("*.py"):
+        text = path.read_text()
+        assert "import flwr" not in text and "from flwr" not in text, path.name
+    mods = [m.name for m in pkgutil.iter_modules(fedhmc.__path__)]
+    code = (
+        "import importlib, sys\n"
+        f"for m in {mods!r}:\n"
+        "    if m != '__main__':\n"
+        "        importlib.import_module('fedhmc.' + m)\n"
+        "assert not any(k == 'flwr' or k.startswith('flwr.') for k in sys.modules)\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
