@@ -22,18 +22,22 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
-def add_config_options(parser: argparse.ArgumentParser) -> None:
-    """One option per RunConfig field; unset options stay absent (dataset defaults apply)."""
+def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = None) -> None:
+    """One option per RunConfig field (or per field in ``only``); unset options stay absent,
+    so the dataset defaults apply."""
     hints = typing.get_type_hints(RunConfig)
     groups = {
         "dataset": parser.add_argument_group("data and model"),
         "algorithm": parser.add_argument_group("sampler"),
         "rounds": parser.add_argument_group("run"),
+        "round_timeout": parser.add_argument_group("flower backend"),
         "out": parser.add_argument_group("output"),
     }
     group = parser
     for f in dataclasses.fields(RunConfig):
-        group = groups.get(f.name, group)
+        if only is not None and f.name not in only:
+            continue
+        group = groups.get(f.name, group) if only is None else parser
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata["help"]
         default = f.default

@@ -23,6 +23,7 @@ from .errors import ConfigError
 ALGORITHMS = ("fahmc", "fald")
 MODELS = ("logistic", "mlp")
 BACKENDS = ("engine", "flower")
+ON_FAILURE = ("renormalize", "stop")
 DTYPES = ("float32", "float64")
 SCALINGS = ("standardize", "unit", "none")
 
@@ -68,6 +69,18 @@ class RunConfig:
     dtype: str = _f("float32", "floating-point type of the positions", choices=DTYPES)
     device: str = _f("cpu", "torch device (cpu, cuda, cuda:1, …)")
     backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
+    # Flower
+    round_timeout: float = _f(600.0, "Flower: seconds to wait for the clients' replies in a round")
+    min_clients: int | None = _f(
+        None, "Flower: clients that must be connected to start (default all)"
+    )
+    node_wait_timeout: float = _f(120.0, "Flower: seconds to wait for --min-clients to connect")
+    on_failure: str = _f(
+        "renormalize",
+        "Flower: when clients fail, average over those that replied, or stop the run",
+        choices=ON_FAILURE,
+    )
+    max_failed_rounds: int = _f(3, "Flower: stop after this many rounds with no valid reply")
     # Output
     out: str | None = _f(None, "output directory (default runs/<time>-<dataset>)")
     save_samples: bool = _f(False, "also write samples.npy (num_samples, chains, d)")
@@ -207,9 +220,21 @@ class RunConfig:
             ("backend", BACKENDS),
             ("dtype", DTYPES),
             ("scaling", SCALINGS),
+            ("on_failure", ON_FAILURE),
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+        need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
+        need(
+            self.node_wait_timeout > 0,
+            f"--node-wait-timeout must be > 0, got {self.node_wait_timeout}",
+        )
+        mc = self.min_clients
+        need(
+            mc is None or 1 <= mc <= self.num_clients,
+            f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
+        )
+        need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
         if self.model == "mlp":
             self.hidden_widths  # noqa: B018  (validates)
         if k is not None and eta is not None:

@@ -1,8 +1,10 @@
-"""The in-process, batched FA-HMC engine: ``fedhmc run``'s default backend.
+"""The round loop shared by both backends, and the in-process batched engine.
 
-All clients and chains advance together (see :mod:`fedhmc.sampler`); after every round the
-global sample θ̄ is evaluated, collected every ``thin`` rounds after ``burn_in``, and the
-round's metrics are appended to ``metrics.csv``.
+:func:`run_loop` owns everything that happens between rounds: the non-finite check,
+collecting the global sample every ``thin`` rounds after ``burn_in``, evaluating it, the
+progress bar, and the run's files. A backend only supplies ``round_fn(theta_bar, r)``:
+:func:`run` (``fedhmc run``) advances all clients and chains in one batched computation;
+the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages their replies.
 """
 
 from __future__ import annotations
@@ -19,6 +21,8 @@ from .errors import NonFiniteError
 from .output import RunWriter
 from .problem import Problem, build_problem, bytes_per_round, initial_position
 from .sampler import SamplerSettings, run_round
+
+ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
 
 def sampler_settings(cfg: RunConfig) -> SamplerSettings:
@@ -40,10 +44,21 @@ def is_collect_round(cfg: RunConfig, round_: int) -> bool:
 
 def finite_or_none(metrics: dict) -> dict:
     """JSON-safe metrics: non-finite floats become None."""
-    out = {}
-    for k, v in metrics.items():
-        out[k] = v if not isinstance(v, float) or math.isfinite(v) else None
-    return out
+    return {
+        k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()
+    }
+
+
+@dataclass
+class RoundStats:
+    """What a backend reports about one round."""
+
+    grad_evals: int
+    finite: bool
+    clients: int
+    failed: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
 
 
 @dataclass
@@ -60,63 +75,60 @@ class RunResult:
         return self.history[-1] if self.history else {}
 
 
-def run(
+RoundFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, RoundStats]]
+
+
+def run_loop(
     cfg: RunConfig,
-    problem: Problem | None = None,
+    evaluator,
+    theta0: torch.Tensor,
+    round_fn: RoundFn,
+    *,
+    dim: int,
+    num_clients: int,
+    description: str,
+    backend: str,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
 ) -> RunResult:
-    """Run FA-HMC in process and write the run's files.
-
-    Parameters
-    ----------
-    cfg
-        The run's settings; resolved here if not yet.
-    problem
-        A prebuilt problem (defaults to :func:`fedhmc.problem.build_problem`).
-    progress
-        Show a progress bar over rounds (on a terminal).
-    on_round
-        Called with each round's metrics row.
+    """Run ``cfg.rounds`` rounds of ``round_fn`` and write the run's files to ``cfg.out``.
 
     Raises
     ------
     NonFiniteError
         When θ̄ or an energy becomes non-finite; the files written so far stay valid.
     """
-    cfg = cfg.resolve()
-    out = cfg.out or cfg.default_out()
-    cfg = cfg.replace(out=out)
-    device = torch.device(cfg.device)
-    if problem is None:
-        problem = build_problem(cfg, device=device)
-    writer = RunWriter(out, problem.evaluator.columns)
+    writer = RunWriter(cfg.out, (*evaluator.columns, *ROUND_COLUMNS))
     writer.write_config(cfg.to_dict())
-    settings = sampler_settings(cfg)
-    theta_bar = initial_position(problem, cfg, device=device)
-    down, up = bytes_per_round(cfg, problem.dim)
+    theta_bar = theta0
     result = RunResult(cfg, theta_bar)
     grad_evals, t0 = 0, time.perf_counter()
+    totals = dict.fromkeys(ROUND_COLUMNS, 0)
     status = "running"
     bar = _progress(cfg.rounds, progress)
     try:
         for r in range(1, cfg.rounds + 1):
-            theta_bar, info = run_round(problem.target, theta_bar, cfg.seed, r, settings)
-            grad_evals += info.grad_evals
-            if not (torch.isfinite(theta_bar).all() and torch.isfinite(info.energy).all()):
+            new_theta, stats = round_fn(theta_bar, r)
+            grad_evals += stats.grad_evals
+            if not (stats.finite and torch.isfinite(new_theta).all()):
                 status = "diverged"
                 raise NonFiniteError(
                     f"round {r}: the chain diverged (non-finite position or energy); "
                     f"try a smaller --step-size than {cfg.step_size:g}, "
                     f"e.g. {cfg.step_size / 2:g}"
                 )
+            theta_bar = new_theta
             collect = is_collect_round(cfg, r)
-            metrics = problem.evaluator(theta_bar, collect)
+            metrics = evaluator(theta_bar, collect)
             if collect and cfg.save_samples:
                 writer.add_sample(theta_bar)
+            extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
+            for k in ROUND_COLUMNS:
+                totals[k] += extra[k]
             row = {
                 "round": r,
                 **metrics,
+                **extra,
                 "wall_s": time.perf_counter() - t0,
                 "grad_evals": grad_evals,
             }
@@ -132,32 +144,87 @@ def run(
     except KeyboardInterrupt:
         status = "interrupted"
         raise
+    except Exception:
+        status = "diverged" if status == "diverged" else "failed"
+        raise
     finally:
         if bar is not None:
             bar.close()
+        wall = time.perf_counter() - t0
         rounds_done = len(result.history)
+        final = {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
         result.summary = {
             "status": status,
             "rounds_completed": rounds_done,
-            "final": finite_or_none(
-                {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
-            ),
-            "wall_s": time.perf_counter() - t0,
+            "final": finite_or_none(final),
+            "wall_s": wall,
             "grad_evals": grad_evals,
-            "grad_evals_per_s": grad_evals / max(time.perf_counter() - t0, 1e-9),
-            "bytes_down": down * rounds_done,
-            "bytes_up": up * rounds_done,
-            "bytes_total": (down + up) * rounds_done,
-            "bytes_per_round": down + up,
-            "dim": problem.dim,
-            "num_clients": problem.target.num_clients,
-            "data": problem.description,
-            "backend": "engine",
+            "grad_evals_per_s": grad_evals / max(wall, 1e-9),
+            "bytes_down": totals["bytes_down"],
+            "bytes_up": totals["bytes_up"],
+            "bytes_total": totals["bytes_down"] + totals["bytes_up"],
+            "client_failures": totals["failed"],
+            "dim": dim,
+            "num_clients": num_clients,
+            "data": description,
+            "backend": backend,
         }
         writer.write_samples()
         writer.write_summary(result.summary)
         writer.close()
     return result
+
+
+def prepare(cfg: RunConfig) -> RunConfig:
+    """Resolve defaults and fix the output directory."""
+    cfg = cfg.resolve()
+    return cfg.replace(out=cfg.out or cfg.default_out())
+
+
+def run(
+    cfg: RunConfig,
+    problem: Problem | None = None,
+    progress: bool = True,
+    on_round: Callable[[dict], None] | None = None,
+) -> RunResult:
+    """Run FA-HMC in process (all clients and chains batched) and write the run's files.
+
+    Parameters
+    ----------
+    cfg
+        The run's settings; resolved here if not yet.
+    problem
+        A prebuilt problem (defaults to :func:`fedhmc.problem.build_problem`).
+    progress
+        Show a progress bar over rounds (on a terminal).
+    on_round
+        Called with each round's metrics row.
+    """
+    cfg = prepare(cfg)
+    device = torch.device(cfg.device)
+    if problem is None:
+        problem = build_problem(cfg, device=device)
+    settings = sampler_settings(cfg)
+    down, up = bytes_per_round(cfg, problem.dim)
+    target = problem.target
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        theta_bar, info = run_round(target, theta_bar, cfg.seed, r, settings)
+        finite = bool(torch.isfinite(info.energy).all())
+        return theta_bar, RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
+
+    return run_loop(
+        cfg,
+        problem.evaluator,
+        initial_position(problem.model, problem.dim, cfg, device=device),
+        round_fn,
+        dim=problem.dim,
+        num_clients=target.num_clients,
+        description=problem.description,
+        backend="engine",
+        progress=progress,
+        on_round=on_round,
+    )
 
 
 def _progress(total: int, enabled: bool):

@@ -87,15 +87,13 @@ def torch_dtype(cfg: RunConfig) -> torch.dtype:
     return torch.float64 if cfg.dtype == "float64" else torch.float32
 
 
-def load_client_data(cfg: RunConfig):
-    """Load the dataset and split it: (DatasetSplit, list of index arrays)."""
-    from fedhmc_datasets.partition import partition
+def _load(cfg: RunConfig):
     from fedhmc_datasets.registry import load_dataset
 
     kwargs = {}
     if cfg.dim is not None:
         kwargs["dim"] = cfg.dim
-    data = load_dataset(
+    return load_dataset(
         cfg.dataset,
         data_dir=cfg.data_dir,
         download=cfg.download,
@@ -103,6 +101,13 @@ def load_client_data(cfg: RunConfig):
         scaling=cfg.scaling,
         **kwargs,
     )
+
+
+def load_client_data(cfg: RunConfig):
+    """Load the dataset and split it: (DatasetSplit, list of index arrays)."""
+    from fedhmc_datasets.partition import partition
+
+    data = _load(cfg)
     n = int(data.y_train.shape[0])
     if cfg.num_clients > n:
         raise ConfigError(
@@ -120,8 +125,12 @@ def load_client_data(cfg: RunConfig):
     return data, parts
 
 
-def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem:
-    """Build the target and evaluator of a resolved config (all clients)."""
+def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
+    """What the server needs: (evaluator, model or None, dim, description).
+
+    For data targets it loads the dataset for its test split and builds the model; it does
+    not split the training data, which stays with the clients.
+    """
     dtype = torch_dtype(cfg)
     if cfg.dataset in GAUSSIAN_TARGETS:
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
@@ -130,31 +139,77 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
             f"heterogeneous Gaussian, d = {cfg.dim}, {cfg.num_clients} clients; "
             f"exact posterior N({post.mean:.4g}·1, {post.var:.4g}·I)"
         )
-        return Problem(target, GaussianEvaluator(target, cfg.temperature), None, desc)
+        return GaussianEvaluator(target, cfg.temperature), None, cfg.dim, desc
+    data = _load(cfg)
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype).to(device), data.y_test)
+    return evaluator, model, model.dim, data.description
+
+
+def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem:
+    """Build the target of all clients and the evaluator of a resolved config."""
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        evaluator, _, _, desc = build_evaluator(cfg, device)
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
     client_parts = [(data.X_train[idx], data.y_train[idx]) for idx in parts]
     target = DataTarget(
         model, client_parts, cfg.batch_size, cfg.prior_std, dtype=dtype, device=device
     )
-    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype), data.y_test)
+    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype).to(device), data.y_test)
     return Problem(target, evaluator, model, data.description)
 
 
-def initial_position(problem: Problem, cfg: RunConfig, device="cpu") -> torch.Tensor:
+def build_client_target(
+    cfg: RunConfig, partition_id: int, num_total: int | None = None, device="cpu"
+):
+    """One client's target (what a Flower client samples): (target, n_c).
+
+    ``num_total`` is the global n that the server sends; by default the client computes it
+    from the partition (every client splits the same data with the same seed).
+    """
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        return target.client(partition_id), 1
+    data, parts = load_client_data(cfg)
+    if not 0 <= partition_id < len(parts):
+        raise ConfigError(
+            f"partition-id {partition_id} is outside [0, {len(parts)}); "
+            "check the SuperNode's --node-config and num-clients"
+        )
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    idx = parts[partition_id]
+    n = num_total if num_total is not None else sum(len(p) for p in parts)
+    target = DataTarget(
+        model,
+        [(data.X_train[idx], data.y_train[idx])],
+        cfg.batch_size,
+        cfg.prior_std,
+        num_total=n,
+        dtype=dtype,
+        device=device,
+    )
+    return target, len(idx)
+
+
+def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Tensor:
     """θ̄ at round 0, (S, D): zeros, or for an MLP a He-scaled normal draw per chain.
 
     A zero start is a saddle of the MLP (every hidden unit identical), so its weights start
     at N(0, 2 / fan_in), drawn from the run seed's initialisation stream.
     """
-    S, D = cfg.chains, problem.dim
+    S = cfg.chains
     dtype = torch_dtype(cfg)
-    if isinstance(problem.model, MLP):
+    if isinstance(model, MLP):
         keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
-        z = rng.normal(keys, 0, D, dtype)
-        std = torch.sqrt(2.0 / problem.model.fan_in()).to(dtype)
+        z = rng.normal(keys, 0, dim, dtype)
+        std = torch.sqrt(2.0 / model.fan_in()).to(dtype)
         return (z * std).to(device)
-    return torch.zeros(S, D, dtype=dtype, device=device)
+    return torch.zeros(S, dim, dtype=dtype, device=device)
 
 
 def bytes_per_round(cfg: RunConfig, dim: int) -> tuple[int, int]:
@@ -162,17 +217,3 @@ def bytes_per_round(cfg: RunConfig, dim: int) -> tuple[int, int]:
     itemsize = 8 if cfg.dtype == "float64" else 4
     per_client = cfg.chains * dim * itemsize
     return cfg.num_clients * per_client, cfg.num_clients * per_client
-
-
-def is_finite(x: torch.Tensor) -> bool:
-    return bool(torch.isfinite(x).all())
-
-
-__all__ = [
-    "GaussianEvaluator",
-    "PredictiveEvaluator",
-    "Problem",
-    "build_problem",
-    "initial_position",
-    "bytes_per_round",
-]

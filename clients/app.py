@@ -1,0 +1,65 @@
+"""The FA-HMC ClientApp: decode the round's message, run T local iterations, reply.
+
+Message contract (see ``fedhmc_server.loop``):
+
+- ``query`` → reply ``metrics``: ``num-examples`` (n_c) and ``partition-id``;
+- ``train`` with ``arrays["theta"]`` (θ̄, chains × d) and ``config`` (round, round-seed,
+  num-examples-total, sampler settings) → reply ``arrays["theta"]`` (this client's new
+  positions) and ``metrics``: ``num-examples``, ``partition-id``, ``energy``.
+
+``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
+partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
+config to draw its private noise from a seed nobody else knows.
+"""
+
+from __future__ import annotations
+
+from fedhmc_clients.task import client_config, local_update, num_examples
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.clientapp import ClientApp
+
+
+def _identity(context: Context, run_config: dict | None):
+    rc = dict(context.run_config)
+    if run_config:
+        rc.update(run_config)
+    pid = int(context.node_config["partition-id"])
+    nparts = int(context.node_config["num-partitions"])
+    rc["num-clients"] = nparts
+    return client_config(rc), pid
+
+
+def handle_query(msg: Message, context: Context, run_config: dict | None = None) -> Message:
+    cfg, pid = _identity(context, run_config)
+    metrics = MetricRecord({"num-examples": num_examples(cfg, pid), "partition-id": pid})
+    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+
+
+def handle_train(msg: Message, context: Context, run_config: dict | None = None) -> Message:
+    cfg, pid = _identity(context, run_config)
+    theta_bar = msg.content["arrays"]["theta"].numpy()
+    round_config = dict(msg.content["config"])
+    seed = context.node_config.get("private-seed")
+    theta, n_c, energy = local_update(cfg, pid, theta_bar, round_config, seed)
+    metrics = MetricRecord({"num-examples": n_c, "partition-id": pid, "energy": energy})
+    content = RecordDict({"arrays": ArrayRecord({"theta": Array(theta)}), "metrics": metrics})
+    return Message(content, reply_to=msg)
+
+
+def make_client_app(run_config: dict | None = None) -> ClientApp:
+    """A ClientApp whose run config is ``run_config`` over the context's (for simulation,
+    where Flower's in-process runner passes no run config)."""
+    client = ClientApp()
+
+    @client.query()
+    def query(msg: Message, context: Context) -> Message:
+        return handle_query(msg, context, run_config)
+
+    @client.train()
+    def train(msg: Message, context: Context) -> Message:
+        return handle_train(msg, context, run_config)
+
+    return client
+
+
+app = make_client_app()

@@ -1,0 +1,37 @@
+"""The FA-HMC ServerApp (``flwr run .`` loads ``fedhmc_server.app:app``).
+
+Settings come from the run config: ``[tool.flwr.app.config]`` in pyproject.toml, with
+``--run-config "k=v ..."`` overrides, parsed by the same RunConfig as ``fedhmc run``.
+"""
+
+from __future__ import annotations
+
+from fedhmc_server.loop import serve
+from flwr.app import Context
+from flwr.serverapp import Grid, ServerApp
+
+from fedhmc.config import RunConfig
+
+
+def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) -> ServerApp:
+    """A ServerApp running ``cfg`` (or the context's run config); stores the RunResult, or
+    the exception that stopped it, in ``result`` (the in-process simulation reads it)."""
+    server = ServerApp()
+
+    @server.main()
+    def main(grid: Grid, context: Context) -> None:
+        run_cfg = cfg if cfg is not None else RunConfig.from_mapping(dict(context.run_config))
+        try:
+            out = serve(grid, run_cfg, progress=result is not None)
+        except Exception as e:  # handed to the caller, which reports it on one line
+            if result is None:
+                raise
+            result["error"] = e
+            return
+        if result is not None:
+            result["result"] = out
+
+    return server
+
+
+app = make_server_app()

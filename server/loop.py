@@ -1,0 +1,201 @@
+"""The FA-HMC server: broadcast θ̄, collect the clients' positions, average, evaluate.
+
+Each round it sends every client one message: θ̄ as an ArrayRecord and a ConfigRecord with
+the round, the round seed (from which every client derives the shared momentum ξ of its T
+iterations) and the sampler settings. Replies are validated
+(:func:`fedhmc.aggregate.validate_reply`) and averaged with weights n_c
+(:func:`fedhmc.aggregate.weighted_average`), renormalised over the clients that replied.
+The loop between rounds (sample collection, metrics, files) is the engine's own
+:func:`fedhmc.engine.run_loop`, so the output files are the same.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+import torch
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from flwr.serverapp import Grid
+
+from fedhmc.aggregate import ReplyError, validate_reply, weighted_average
+from fedhmc.config import RunConfig
+from fedhmc.engine import RoundStats, RunResult, prepare, run_loop, sampler_settings
+from fedhmc.errors import FedHMCError
+from fedhmc.problem import build_evaluator, initial_position, torch_dtype
+from fedhmc.sampler import round_seed
+
+log = logging.getLogger("fedhmc.server")
+
+
+def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
+    """Node ids once ``count`` are connected; a clear error after ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while True:
+        nodes = sorted(grid.get_node_ids())
+        if len(nodes) >= count:
+            return nodes
+        if time.monotonic() > deadline:
+            raise FedHMCError(
+                f"only {len(nodes)} of the {count} clients needed connected within "
+                f"{timeout:g} s; start more SuperNodes, or lower --min-clients or raise "
+                "--node-wait-timeout"
+            )
+        time.sleep(0.05)
+
+
+def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
+    """The round's ConfigRecord (plain Python values: ConfigRecord rejects numpy scalars)."""
+    return ConfigRecord(
+        {
+            "round": int(round_),
+            "round-seed": int(round_seed(cfg.seed, round_)),
+            "num-examples-total": int(num_total),
+            "chains": int(cfg.chains),
+            "local-steps": int(cfg.local_steps),
+            "leapfrog-steps": int(cfg.leapfrog_steps),
+            "step-size": float(cfg.step_size),
+            "rho": float(cfg.rho),
+            "batch-size": int(cfg.batch_size),
+            "grad-noise": float(cfg.grad_noise),
+            "prior-std": float(cfg.prior_std),
+            "temperature": float(cfg.temperature),
+        }
+    )
+
+
+def _exchange(
+    grid: Grid, contents: dict[int, RecordDict], message_type: str, group: str, timeout: float
+):
+    """Send one message per node; return ({node: reply}, {node: error reason})."""
+    msgs = {
+        nid: Message(content, dst_node_id=nid, message_type=message_type, group_id=group)
+        for nid, content in contents.items()
+    }
+    replies = list(grid.send_and_receive(list(msgs.values()), timeout=timeout))
+    by_id = {m.metadata.message_id: nid for nid, m in msgs.items()}
+    ok, failed = {}, {}
+    for rep in replies:
+        nid = by_id.get(rep.metadata.reply_to_message_id)
+        if nid is None:
+            continue
+        if rep.has_error():
+            failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
+        else:
+            ok[nid] = rep
+    for nid in msgs:
+        if nid not in ok and nid not in failed:
+            failed[nid] = f"no reply within {timeout:g} s"
+    return ok, failed
+
+
+def _record_bytes(content: RecordDict) -> int:
+    return sum(rec.count_bytes() for rec in content.values())
+
+
+def _as_int(value) -> int | float:
+    return value if isinstance(value, (int, float)) else float("nan")
+
+
+def query_sizes(grid: Grid, nodes: list[int], timeout: float) -> dict[int, tuple[int, int]]:
+    """{node: (partition id, n_c)} of the nodes that answered the size query."""
+    ok, failed = _exchange(
+        grid, {nid: RecordDict() for nid in nodes}, MessageType.QUERY, "sizes", timeout
+    )
+    for nid, why in failed.items():
+        log.warning("client %s dropped: size query failed (%s)", nid, why)
+    sizes = {}
+    for nid, rep in ok.items():
+        m = rep.content["metrics"]
+        n_c, pid = m.get("num-examples"), m.get("partition-id")
+        if isinstance(n_c, int) and n_c >= 1 and isinstance(pid, int):
+            sizes[nid] = (pid, n_c)
+        else:
+            log.warning("client %s dropped: bad size reply %r", nid, dict(m))
+    if not sizes:
+        raise FedHMCError("no client answered the size query; check the SuperNodes' logs")
+    return sizes
+
+
+def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
+    """Run FA-HMC over the grid's clients and write the run's files; the ServerApp's body."""
+    cfg = prepare(cfg)
+    evaluator, model, dim, description = build_evaluator(cfg)
+    nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
+    sizes = query_sizes(grid, nodes, cfg.round_timeout)
+    num_total = sum(n for _, n in sizes.values())
+    settings = sampler_settings(cfg)
+    dtype = torch_dtype(cfg)
+    shape = (cfg.chains, dim)
+    failed_rounds = 0
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        nonlocal failed_rounds
+        arrays = ArrayRecord({"theta": Array(theta_bar.detach().cpu().numpy())})
+        config = round_config(cfg, r, num_total)
+        content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
+        bytes_down = sum(_record_bytes(c) for c in content.values())
+        ok, failed = _exchange(grid, content, MessageType.TRAIN, str(r), cfg.round_timeout)
+        accepted, bytes_up, nonfinite = [], 0, 0
+        for nid, rep in ok.items():
+            bytes_up += _record_bytes(rep.content)
+            pid, assigned = sizes[nid]
+            try:
+                m = rep.content["metrics"]
+                arrs = {k: v.numpy() for k, v in rep.content["arrays"].items()}
+                theta = validate_reply(
+                    arrs,
+                    _as_int(m.get("num-examples")),
+                    shape=shape,
+                    dtype=dtype,
+                    max_examples=assigned,
+                )["theta"]
+            except (ReplyError, KeyError, TypeError, ValueError) as e:
+                failed[nid] = f"rejected reply: {e}"
+                nonfinite += "non-finite" in str(e)
+                continue
+            accepted.append((pid, int(m["num-examples"]), theta))
+        for nid, why in failed.items():
+            log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
+        if failed and cfg.on_failure == "stop":
+            nid, why = next(iter(failed.items()))
+            raise FedHMCError(
+                f"round {r}: client {nid} failed ({why}); "
+                "use --on-failure renormalize to continue without it"
+            )
+        stats = RoundStats(
+            grad_evals=len(accepted) * settings.grad_evals_per_round * cfg.chains,
+            finite=True,
+            clients=len(accepted),
+            failed=len(failed),
+            bytes_down=bytes_down,
+            bytes_up=bytes_up,
+        )
+        if not accepted:
+            if nonfinite == len(sizes):  # every client diverged: that is the chain diverging
+                stats.finite = False
+                return theta_bar, stats
+            failed_rounds += 1
+            if failed_rounds >= cfg.max_failed_rounds:
+                raise FedHMCError(
+                    f"round {r}: no valid client reply in {failed_rounds} rounds; "
+                    "see the log for each client's failure"
+                )
+            return theta_bar, stats
+        accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
+        positions = torch.stack([torch.as_tensor(t) for _, _, t in accepted], dim=1)
+        weights = torch.tensor([n for _, n, _ in accepted], dtype=torch.float64)
+        return weighted_average(positions, weights), stats
+
+    return run_loop(
+        cfg,
+        evaluator,
+        initial_position(model, dim, cfg),
+        round_fn,
+        dim=dim,
+        num_clients=len(sizes),
+        description=description,
+        backend="flower",
+        progress=progress,
+        on_round=on_round,
+    )

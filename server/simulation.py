@@ -1,0 +1,73 @@
+"""``fedhmc run --backend flower``: the same run through Flower's simulation engine.
+
+The ServerApp and ClientApp are the real ones; Flower's in-process simulation runtime
+(Ray) hosts N virtual SuperNodes, each with ``partition-id`` and ``num-partitions`` in its
+node config. Flower's runner takes no run config, so the config reaches both apps through
+the factories. Nothing is left running afterwards: the runtime stops its Ray workers.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import warnings
+
+from fedhmc.config import RunConfig
+from fedhmc.engine import RunResult, prepare
+
+
+def flower_environment(home: str | None = None) -> None:
+    """The environment Flower needs here: offline, quiet, with a writable FLWR_HOME."""
+    os.environ.setdefault("FLWR_TELEMETRY_ENABLED", "0")
+    os.environ.setdefault("FLWR_DISABLE_UPDATE_CHECK", "1")
+    os.environ.setdefault("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1")
+    os.environ.setdefault("RAY_USAGE_STATS_ENABLED", "0")
+    os.environ.setdefault("RAY_ACCEL_ENV_VAR_OVERRIDE_ON_ZERO", "0")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    home = (
+        home
+        or os.environ.get("FLWR_HOME")
+        or os.path.join(os.path.expanduser("~"), ".cache", "fedhmc", "flwr-home")
+    )
+    os.makedirs(home, exist_ok=True)
+    os.environ["FLWR_HOME"] = home
+
+
+def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunResult:
+    """Run ``cfg`` through Flower's simulation engine; same files as :func:`fedhmc.engine.run`.
+
+    ``client_app`` replaces the ClientApp (tests use it to inject failures).
+    """
+    flower_environment()
+    cfg = prepare(cfg)
+    from fedhmc_clients.app import make_client_app
+    from fedhmc_server.app import make_server_app
+    from flwr.simulation import run_simulation
+
+    result: dict = {}
+    server = make_server_app(cfg, result)
+    client = client_app or make_client_app(cfg.to_run_config())
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    cpus = max(1, min(os.cpu_count() or 1, cfg.num_clients))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        run_simulation(
+            server_app=server,
+            client_app=client,
+            num_supernodes=cfg.num_clients,
+            backend_config={
+                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "init_args": {
+                    "num_cpus": cpus,
+                    "num_gpus": 0,
+                    "logging_level": "ERROR",
+                    "log_to_driver": False,
+                    "include_dashboard": False,
+                },
+            },
+        )
+    if "error" in result:
+        raise result["error"]
+    if "result" not in result:
+        raise RuntimeError("the Flower simulation ended without a result; see its log")
+    return result["result"]

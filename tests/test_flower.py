@@ -1,0 +1,312 @@
+"""The Flower apps: the real ServerApp body and ClientApp objects, driven by a small
+in-process Grid (fast, deterministic), plus one run through Flower's simulation engine."""
+
+from __future__ import annotations
+
+import math
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+import tomllib
+import torch
+from fedhmc_clients.app import handle_train, make_client_app
+from fedhmc_server.loop import serve
+from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.serverapp import Grid
+from flwr.supercore.task_identity import TaskIdentity
+
+from fedhmc.aggregate import ReplyError, validate_reply
+from fedhmc.config import RunConfig
+from fedhmc.engine import run, sampler_settings
+from fedhmc.errors import FedHMCError
+from fedhmc.problem import build_problem
+from fedhmc.sampler import client_seed, client_update, round_seed
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class InProcessGrid(Grid):
+    """A Grid that delivers each message to a ClientApp in this process, node by node."""
+
+    def __init__(self, client_app, num_nodes: int, run_config: dict):
+        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
+        self.client_app = client_app
+        self.contexts = {
+            100 + i: Context(
+                run_id=1,
+                node_id=100 + i,
+                node_config={"partition-id": i, "num-partitions": num_nodes},
+                state=RecordDict(),
+                run_config=dict(run_config),
+            )
+            for i in range(num_nodes)
+        }
+        self.sent: list[Message] = []
+
+    def set_run(self, run_):
+        pass
+
+    @property
+    def run(self):
+        return None
+
+    def create_message(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def get_node_ids(self):
+        return list(self.contexts)
+
+    def push_messages(self, messages):
+        raise NotImplementedError
+
+    def pull_messages(self, message_ids):
+        raise NotImplementedError
+
+    def send_and_receive(self, messages, *, timeout=None):
+        replies = []
+        for msg in messages:
+            msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            self.sent.append(msg)
+            reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+            if reply is not None:
+                replies.append(reply)
+        return replies
+
+
+def small_cfg(tmp_path, name, **kw):
+    base = dict(
+        num_clients=4,
+        rounds=3,
+        local_steps=3,
+        leapfrog_steps=4,
+        burn_in=1,
+        chains=2,
+        out=str(tmp_path / name),
+    )
+    base.update(kw)
+    return RunConfig(**base)
+
+
+def run_grid(cfg, client_app=None):
+    rc = cfg.to_run_config()
+    grid = InProcessGrid(client_app or make_client_app(), cfg.num_clients, rc)
+    return serve(grid, cfg), grid
+
+
+def assert_same_run(a, b):
+    torch.testing.assert_close(a.theta_bar, b.theta_bar, rtol=1e-5, atol=1e-6)
+    assert len(a.history) == len(b.history)
+    for ra, rb in zip(a.history, b.history, strict=True):
+        for k in ("samples", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "grad_evals"):
+            assert ra[k] == pytest.approx(rb[k], rel=1e-4, abs=1e-6), k
+
+
+@pytest.mark.parametrize("rho", [0.0, 0.5, 1.0])
+def test_flower_apps_equal_the_engine(tmp_path, rho):
+    cfg = small_cfg(tmp_path, "e", rho=rho)
+    engine = run(cfg, progress=False)
+    flower, _ = run_grid(cfg.replace(out=str(tmp_path / "f")))
+    assert_same_run(engine, flower)
+    for name in ("config.json", "metrics.csv", "summary.json"):
+        assert (tmp_path / "f" / name).exists()
+    head_e = (tmp_path / "e" / "metrics.csv").read_text().splitlines()[0]
+    assert head_e == (tmp_path / "f" / "metrics.csv").read_text().splitlines()[0]
+
+
+def test_messages_carry_positions_round_seed_and_settings_but_no_private_seed(tmp_path):
+    cfg = small_cfg(tmp_path, "m", rounds=1)
+    result, grid = run_grid(cfg)
+    train = [m for m in grid.sent if m.metadata.message_type == "train"]
+    assert len(train) == 4
+    content = train[0].content
+    assert content["arrays"]["theta"].numpy().shape == (2, result.summary["dim"])
+    config = dict(content["config"])
+    for key in (
+        "round",
+        "round-seed",
+        "local-steps",
+        "leapfrog-steps",
+        "step-size",
+        "rho",
+        "batch-size",
+        "grad-noise",
+        "prior-std",
+        "temperature",
+    ):
+        assert key in config
+    assert not any("private" in k or "client-seed" in k for k in config)
+    row = result.history[0]
+    assert row["clients"] == 4 and row["failed"] == 0
+    assert row["bytes_down"] > 4 * 2 * result.summary["dim"] * 4
+
+
+def _failing_client(fail_round: int, fail_pid: int, corrupt=None):
+    app = make_client_app()
+    base = app
+
+    def call(msg, context):
+        r = dict(msg.content["config"]).get("round") if msg.content.get("config") else None
+        pid = int(context.node_config["partition-id"])
+        if r == fail_round and pid == fail_pid:
+            if corrupt is None:
+                raise RuntimeError("deliberate failure")
+            reply = handle_train(msg, context)
+            return corrupt(reply, msg)
+        return base(msg, context)
+
+    return call
+
+
+def _raise_to_error_reply(client_app):
+    """What Flower's runtime does with a raising ClientApp: an error reply."""
+    from flwr.app import Error
+
+    def call(msg, context):
+        try:
+            return client_app(msg, context)
+        except Exception as e:  # noqa: BLE001
+            return Message(Error(code=2, reason=repr(e)), reply_to=msg)
+
+    return call
+
+
+def test_client_that_raises_is_dropped_and_the_round_uses_the_others(tmp_path):
+    failing = _raise_to_error_reply(_failing_client(2, 1))
+    cfg = small_cfg(tmp_path, "x", rounds=3)
+    result, _ = run_grid(cfg, failing)
+    assert [r["clients"] for r in result.history] == [4, 3, 4]
+    assert [r["failed"] for r in result.history] == [0, 1, 0]
+    assert result.summary["status"] == "completed" and result.summary["client_failures"] == 1
+    # Round 2's average is the n_c-weighted average of the three other clients' updates.
+    theta1 = run_grid(cfg.replace(rounds=1, out=str(tmp_path / "r1")))[0].theta_bar
+    theta2 = run_grid(cfg.replace(rounds=2, out=str(tmp_path / "r2")), failing)[0].theta_bar
+    full = cfg.resolve()
+    target = build_problem(full).target
+    s = sampler_settings(full)
+    ups = {
+        c: client_update(
+            target.client(c), theta1, round_seed(full.seed, 2), client_seed(full.seed, c), 2, s
+        )[0]
+        for c in (0, 2, 3)
+    }
+    w = {c: float(target.counts[c]) for c in ups}
+    want = sum(w[c] * ups[c] for c in ups) / sum(w.values())
+    torch.testing.assert_close(theta2, want, rtol=1e-5, atol=1e-6)
+
+
+def test_on_failure_stop_ends_the_run_with_a_clear_message(tmp_path):
+    cfg = small_cfg(tmp_path, "s", on_failure="stop")
+    with pytest.raises(FedHMCError, match="round 2: client .* failed"):
+        run_grid(cfg, _raise_to_error_reply(_failing_client(2, 0)))
+
+
+def _replace_arrays(fn=None, metrics=None):
+    def corrupt(reply, msg):
+        arrays = {k: v.numpy() for k, v in reply.content["arrays"].items()}
+        if fn is not None:
+            arrays = fn(arrays)
+        m = dict(reply.content["metrics"])
+        if metrics is not None:
+            m.update(metrics)
+        content = RecordDict(
+            {
+                "arrays": ArrayRecord({k: Array(v) for k, v in arrays.items()}),
+                "metrics": MetricRecord(m),
+            }
+        )
+        return Message(content, reply_to=msg)
+
+    return corrupt
+
+
+def _set(value):
+    def fn(a):
+        t = a["theta"].copy()
+        t[0, 0] = value
+        return {"theta": t}
+
+    return fn
+
+
+BAD_REPLIES = {
+    "nan": _replace_arrays(_set(np.nan)),
+    "+inf": _replace_arrays(_set(np.inf)),
+    "-inf": _replace_arrays(_set(-np.inf)),
+    "wrong-shape": _replace_arrays(lambda a: {"theta": a["theta"][:, :-1].copy()}),
+    "broadcastable-(1,)": _replace_arrays(lambda a: {"theta": np.ones(1, np.float32)}),
+    "wrong-dtype": _replace_arrays(lambda a: {"theta": a["theta"].astype(np.float64)}),
+    "missing-key": _replace_arrays(lambda a: {"other": a["theta"]}),
+    "num-examples-0": _replace_arrays(metrics={"num-examples": 0}),
+    "num-examples--1": _replace_arrays(metrics={"num-examples": -1}),
+    "num-examples-nan": _replace_arrays(metrics={"num-examples": math.nan}),
+    "num-examples-1e12": _replace_arrays(metrics={"num-examples": 1e12}),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_REPLIES))
+def test_bad_reply_is_rejected_and_never_enters_the_average(tmp_path, case):
+    cfg = small_cfg(tmp_path, case, rounds=2)
+    result, _ = run_grid(cfg, _failing_client(2, 2, BAD_REPLIES[case]))
+    row = result.history[1]
+    assert row["clients"] == 3 and row["failed"] == 1, case
+    assert torch.isfinite(result.theta_bar).all()
+    assert result.theta_bar.shape == (2, result.summary["dim"])
+
+
+@pytest.mark.parametrize(
+    "arrays,n,match",
+    [
+        ({"theta": np.full((2, 3), np.nan, np.float32)}, 5, "non-finite"),
+        ({"theta": np.zeros((2, 3), np.float32)}, True, "integer"),
+        ({"theta": np.zeros((2, 3), np.float32)}, 2.5, "integer"),
+        ({"theta": np.zeros((2, 3), np.float32)}, 11, "outside"),
+        ({"theta": np.zeros((3,), np.float32)}, 5, "shape"),
+        ({"theta": np.zeros((1, 3), np.float32)}, 5, "shape"),
+        ({"theta": np.zeros((2, 3), np.float16)}, 5, "dtype"),
+        ({}, 5, "missing"),
+    ],
+)
+def test_validate_reply_matrix(arrays, n, match):
+    with pytest.raises(ReplyError, match=match):
+        validate_reply(arrays, n, shape=(2, 3), dtype=torch.float32, max_examples=10)
+    ok = validate_reply(
+        {"theta": np.zeros((2, 3), np.float32)},
+        10,
+        shape=(2, 3),
+        dtype=torch.float32,
+        max_examples=10,
+    )
+    assert ok["theta"].shape == (2, 3)
+
+
+def test_waiting_for_clients_has_a_deadline(tmp_path):
+    cfg = small_cfg(tmp_path, "w", num_clients=4, node_wait_timeout=0.2)
+    grid = InProcessGrid(make_client_app(), 2, cfg.to_run_config())
+    with pytest.raises(FedHMCError, match="only 2 of the 4 clients"):
+        serve(grid, cfg)
+
+
+def test_pyproject_run_config_is_the_run_config():
+    flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
+    assert set(flwr["config"]) == set(RunConfig.keys())
+    assert RunConfig.from_mapping(flwr["config"]) == RunConfig()
+    assert flwr["components"] == {
+        "serverapp": "fedhmc_server.app:app",
+        "clientapp": "fedhmc_clients.app:app",
+    }
+    # Overrides in Flower's syntax map onto the same fields.
+    cfg = RunConfig.from_mapping({**flwr["config"], "leapfrog-steps": 10, "local-steps": 50})
+    assert (cfg.leapfrog_steps, cfg.local_steps) == (10, 50)
+
+
+@pytest.mark.slow
+def test_simulation_engine_equals_the_engine(tmp_path):
+    from fedhmc_server.simulation import run_flower
+
+    cfg = small_cfg(tmp_path, "sim", rho=0.5)
+    engine = run(cfg.replace(out=str(tmp_path / "eng")), progress=False)
+    flower = run_flower(cfg, progress=False)
+    assert_same_run(engine, flower)
+    assert flower.summary["backend"] == "flower"
