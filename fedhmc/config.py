@@ -47,7 +47,12 @@ class RunConfig:
     dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
     data_dir: str | None = _f(None, "directory holding the dataset files")
     download: bool = _f(False, "let torchvision download a dataset where a network exists")
-    scaling: str = _f("standardize", "feature scaling", choices=SCALINGS)
+    scaling: str | None = _f(
+        None,
+        "feature scaling: standardize, unit or none (default: none for blr-synthetic, "
+        "else standardize)",
+        choices=SCALINGS,
+    )
     # Sampler
     algorithm: str = _f("fahmc", "fahmc, or fald (FA-LD: K = 1)", choices=ALGORITHMS)
     local_steps: int = _f(10, "T: local iterations per communication round")
@@ -105,7 +110,8 @@ class RunConfig:
             name = key.replace("-", "_")
             if name not in by_name:
                 raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
-            kwargs[name] = _coerce(key, value, hints[name])
+            choices = by_name[name].metadata.get("choices", ())
+            kwargs[name] = _coerce(key, value, hints[name], literal_none="none" in choices)
         return cls(**kwargs)
 
     def to_run_config(self) -> dict[str, typing.Any]:
@@ -161,6 +167,11 @@ class RunConfig:
             chains=d["chains"] if self.chains is None else self.chains,
             dim=d["dim"] if self.dim is None else self.dim,
             burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
+            scaling=(
+                ("none" if self.dataset == "blr-synthetic" else "standardize")
+                if self.scaling is None
+                else self.scaling
+            ),
         )
         cfg.validate()
         return cfg
@@ -219,11 +230,14 @@ class RunConfig:
             ("model", MODELS),
             ("backend", BACKENDS),
             ("dtype", DTYPES),
-            ("scaling", SCALINGS),
             ("on_failure", ON_FAILURE),
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+        need(
+            self.scaling is None or self.scaling in SCALINGS,
+            f"--scaling must be one of {', '.join(SCALINGS)}; got {self.scaling!r}",
+        )
         need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
         need(
             self.node_wait_timeout > 0,
@@ -250,12 +264,17 @@ class RunConfig:
         return os.path.join("runs", f"{stamp}-{self.dataset}")
 
 
-def _coerce(key: str, value, hint):
-    """Parse ``value`` to the field type ``hint`` (str, int, float, bool, or Optional)."""
+def _coerce(key: str, value, hint, literal_none: bool = False):
+    """Parse ``value`` to the field type ``hint`` (str, int, float, bool, or Optional).
+
+    For an optional field, ``""`` and ``"none"`` mean unset, unless ``"none"`` is one of
+    the field's choices (``--scaling none``), when it is kept as text.
+    """
     args = typing.get_args(hint)
     optional = type(None) in args
     base = next((a for a in args if a is not type(None)), hint) if args else hint
-    if value is None or (optional and isinstance(value, str) and value.strip() in ("", "none")):
+    unset = ("",) if literal_none else ("", "none")
+    if value is None or (optional and isinstance(value, str) and value.strip() in unset):
         if optional:
             return None
         raise ConfigError(f"setting {key!r} needs a value")

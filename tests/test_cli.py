@@ -155,3 +155,47 @@ def test_divergence_stops_with_one_line_and_valid_files(tmp_path, capsys):
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "diverged" and summary["rounds_completed"] == 0
     assert read_csv(out / "metrics.csv") == []
+
+
+def test_data_command_prints_table_and_saves_heatmap(tmp_path, capsys):
+    plot = tmp_path / "labels.png"
+    args = ["data", "--partition", "dirichlet", "--dirichlet-alpha", "0.1", "--plot", str(plot)]
+    assert main([*args, "--num-clients", "5"]) == 0
+    out = capsys.readouterr().out
+    assert "digits:" in out and "partition dirichlet over 5 clients, α = 0.1" in out
+    # One row per client, each with its size; the sizes add up to the training set.
+    rows = [ln.split() for ln in out.splitlines() if ln.split() and ln.split()[0].isdigit()]
+    assert [int(r[0]) for r in rows] == [0, 1, 2, 3, 4]
+    total = next(ln.split() for ln in out.splitlines() if ln.split()[:1] == ["all"])
+    assert sum(int(r[1]) for r in rows) == int(total[1]) == 1437
+    assert "mean label entropy per client" in out
+    assert plot.exists() and plot.stat().st_size > 1000
+    assert main(["data", "--list"]) == 0
+    listing = capsys.readouterr().out
+    assert "fashion-mnist" in listing and "shards" in listing
+
+
+@pytest.mark.parametrize(
+    "args,needle",
+    [
+        (["--partition", "nope"], "nope"),
+        (["--dirichlet-alpha", "0"], "--dirichlet-alpha"),
+        (["--partition", "shards", "--classes-per-client", "11"], "classes"),
+        (["--num-clients", "100000"], "clients"),
+        (["--dataset", "gaussian-hetero"], "synthetic target"),
+    ],
+)
+def test_data_command_bad_input_is_one_line(args, needle, capsys):
+    assert main(["data", *args]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and needle in err[0], err
+
+
+def test_scaling_default_depends_on_dataset():
+    from fedhmc.config import RunConfig
+
+    assert RunConfig().resolve().scaling == "standardize"
+    assert RunConfig(dataset="blr-synthetic", dim=5).resolve().scaling == "none"
+    # "none" is a real choice, not "unset".
+    assert RunConfig.from_mapping({"scaling": "none"}).resolve().scaling == "none"
+    assert RunConfig.from_mapping({"scaling": ""}).resolve().scaling == "standardize"
