@@ -25,8 +25,19 @@ ROOT = Path(__file__).resolve().parents[1]
 DEPLOY = ROOT / "deploy"
 BIN = Path(sys.executable).parent
 SEARCH_PATH = f"{BIN}{os.pathsep}{os.environ.get('PATH', os.defpath)}"
-TOOLS = ("bash", "openssl", "ssh-keygen", "ps", "pgrep", "flwr", "flower-superlink",
-         "flower-supernode", "flower-superexec", "flwr-serverapp", "flwr-clientapp")
+TOOLS = (
+    "bash",
+    "openssl",
+    "ssh-keygen",
+    "ps",
+    "pgrep",
+    "flwr",
+    "flower-superlink",
+    "flower-supernode",
+    "flower-superexec",
+    "flwr-serverapp",
+    "flwr-clientapp",
+)
 MISSING = [t for t in TOOLS if shutil.which(t, path=SEARCH_PATH) is None]
 CONN = "fedhmc-test"
 
@@ -53,8 +64,9 @@ def free_ports(n: int) -> list[int]:
 
 def processes() -> dict[int, tuple[str, str]]:
     """{pid: (state, command line)} of every process."""
-    out = subprocess.run(["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True,
-                         check=True).stdout
+    out = subprocess.run(
+        ["ps", "-eo", "pid=,stat=,args="], capture_output=True, text=True, check=True
+    ).stdout
     procs = {}
     for line in out.splitlines():
         parts = line.split(None, 2)
@@ -90,29 +102,58 @@ class Deployment:
         self.marker = re.compile(rf"{re.escape(str(tmp))}/|127\.0\.0\.1:(?:{ports})(?!\d)")
 
     def sh(self, script: str, *args: str, check: bool = True, timeout: float = 90):
-        res = subprocess.run(["bash", str(DEPLOY / script), *args], env=self.env, cwd=ROOT,
-                             capture_output=True, text=True, timeout=timeout)
+        res = subprocess.run(
+            ["bash", str(DEPLOY / script), *args],
+            env=self.env,
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+        )
         if check:
             assert res.returncode == 0, f"{script} {args}: {res.stdout}\n{res.stderr}"
         return res
 
     def supernode(self, i: int, key: str, partition: int, *extra: str) -> subprocess.Popen:
         return subprocess.Popen(
-            ["bash", str(DEPLOY / "supernode.sh"), "--superlink", self.address,
-             "--ca", str(self.certs / "ca.crt"), "--key", str(self.keys / key),
-             "--port", str(self.node_ports[i]), "--partition-id", str(partition),
-             "--num-partitions", "2", "--name", key, "--wait", "60", *extra],
-            env=self.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            [
+                "bash",
+                str(DEPLOY / "supernode.sh"),
+                "--superlink",
+                self.address,
+                "--ca",
+                str(self.certs / "ca.crt"),
+                "--key",
+                str(self.keys / key),
+                "--port",
+                str(self.node_ports[i]),
+                "--partition-id",
+                str(partition),
+                "--num-partitions",
+                "2",
+                "--name",
+                key,
+                "--wait",
+                "60",
+                *extra,
+            ],
+            env=self.env,
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
         )
 
     def flwr(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(["flwr", *args], env=self.env, cwd=ROOT, capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            ["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
+        )
 
     def ours(self) -> dict[int, tuple[str, str]]:
         """This deployment's live processes (zombies excluded: they are already dead)."""
         return {
-            pid: (st, cmd) for pid, (st, cmd) in processes().items()
+            pid: (st, cmd)
+            for pid, (st, cmd) in processes().items()
             if not st.startswith("Z") and self.marker.search(cmd)
         }
 
@@ -151,15 +192,24 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
 
     dep.sh("make_certs.sh", str(dep.certs), "127.0.0.1")
     dep.sh("make_keys.sh", str(dep.keys), "client0", "client1", "rogue")
-    dep.sh("superlink.sh", "--host", "127.0.0.1", "--port", str(dep.link_port),
-           "--certs", str(dep.certs))
+    dep.sh(
+        "superlink.sh",
+        "--host",
+        "127.0.0.1",
+        "--port",
+        str(dep.link_port),
+        "--certs",
+        str(dep.certs),
+    )
     assert (dep.dir / "superlink.pid").is_file()
     dep.sh("connection.sh", CONN, dep.address, str(dep.certs / "ca.crt"))
     dep.sh("register.sh", CONN, str(dep.keys / "client0.pub"), str(dep.keys / "client1.pub"))
 
-    nodes = [dep.supernode(0, "client0", 0),
-             dep.supernode(1, "client1", 1, "--node-config", "private-seed=1234"),
-             dep.supernode(2, "rogue", 0)]
+    nodes = [
+        dep.supernode(0, "client0", 0),
+        dep.supernode(1, "client1", 1, "--node-config", "private-seed=1234"),
+        dep.supernode(2, "rogue", 0),
+    ]
     outs = [p.communicate(timeout=90)[0] for p in nodes]
     assert nodes[0].returncode == 0, outs[0]
     assert nodes[1].returncode == 0, outs[1]
@@ -173,8 +223,10 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
     listed = json.loads(res.stdout)["nodes"]
     assert sorted(n["status"] for n in listed) == ["online", "online"], listed
 
-    run_config = (f'rounds=2 num-clients=2 local-steps=2 leapfrog-steps=3 '
-                  f'node-wait-timeout=60 round-timeout=60 out="{dep.out}"')
+    run_config = (
+        f"rounds=2 num-clients=2 local-steps=2 leapfrog-steps=3 "
+        f'node-wait-timeout=60 round-timeout=60 out="{dep.out}"'
+    )
     res = dep.flwr("run", ".", CONN, "--stream", "--run-config", run_config, timeout=300)
     log = res.stdout + res.stderr
     assert res.returncode == 0, log
