@@ -277,8 +277,12 @@ def format_partition_table(labels, parts: list[np.ndarray], num_classes: int) ->
     return "\n".join(lines)
 
 
-def plot_label_heatmap(labels, parts: list[np.ndarray], num_classes: int, path) -> Path:
+def plot_label_heatmap(
+    labels, parts: list[np.ndarray], num_classes: int, path, title: str | None = None
+) -> Path:
     """Save a clients x classes heat-map of label counts; format from the suffix (.png, .pdf).
+
+    Each row is a client, labelled with its size; ``title`` goes above the plot.
 
     Uses matplotlib's Agg canvas directly, so no display and no global backend change.
     """
@@ -297,6 +301,11 @@ def plot_label_heatmap(labels, parts: list[np.ndarray], num_classes: int, path) 
     ax.set_xlabel("class")
     ax.set_ylabel("client")
     ax.set_xticks(range(num_classes))
+    if n_clients <= 40:
+        ax.set_yticks(range(n_clients))
+        ax.set_yticklabels([f"{i} (n={int(r.sum())})" for i, r in enumerate(hist)], fontsize=8)
+    if title:
+        ax.set_title(title, fontsize=10)
     fig.colorbar(im, ax=ax, label="examples")
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)

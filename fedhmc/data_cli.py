@@ -62,6 +62,7 @@ def cmd_data(args: argparse.Namespace) -> int:
     print(f"partition {cfg.partition} over {cfg.num_clients} clients{alpha} (seed {cfg.seed})")
     print(format_partition_table(data.y_train, parts, data.num_classes))
     if args.plot:
-        path = plot_label_heatmap(data.y_train, parts, data.num_classes, args.plot)
+        title = f"{cfg.dataset}: {cfg.partition}{alpha} over {cfg.num_clients} clients"
+        path = plot_label_heatmap(data.y_train, parts, data.num_classes, args.plot, title=title)
         print(f"heat-map saved to {path}")
     return 0
