@@ -6,6 +6,10 @@ Message contract (see ``fedhmc_server.loop``):
 - ``train`` with ``arrays["theta"]`` (θ̄, chains × d) and ``config`` (round, round-seed,
   num-examples-total, sampler settings) → reply ``arrays["theta"]`` (this client's new
   positions) and ``metrics``: ``num-examples``, ``partition-id``, ``energy``.
+- for ``algorithm = fahmc-debiased``, ``train`` also carries, from round 2 on,
+  ``arrays["anchor"]`` (θ_a) and ``arrays["anchor-grad"]`` (∇f(θ_a)) with
+  ``config["anchor-round"]``; the reply adds ``arrays["grad"]``, the client's local
+  gradient at the θ̄ it was sent.
 
 ``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
 partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
@@ -14,7 +18,7 @@ config to draw its private noise from a seed nobody else knows.
 
 from __future__ import annotations
 
-from fedhmc_clients.task import client_config, local_update, num_examples
+from fedhmc_clients.task import anchor_step, client_config, local_update, num_examples
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -40,9 +44,25 @@ def handle_train(msg: Message, context: Context, run_config: dict | None = None)
     theta_bar = msg.content["arrays"]["theta"].numpy()
     round_config = dict(msg.content["config"])
     seed = context.node_config.get("private-seed")
-    theta, n_c, energy = local_update(cfg, pid, theta_bar, round_config, seed)
+    arrays = msg.content["arrays"]
+    correction, local_grad = None, None
+    if round_config.get("algorithm") == "fahmc-debiased":
+        sent = "anchor" in arrays
+        correction, local_grad = anchor_step(
+            cfg,
+            pid,
+            theta_bar,
+            round_config,
+            seed,
+            arrays["anchor"].numpy() if sent else None,
+            arrays["anchor-grad"].numpy() if sent else None,
+        )
+    theta, n_c, energy = local_update(cfg, pid, theta_bar, round_config, seed, correction)
     metrics = MetricRecord({"num-examples": n_c, "partition-id": pid, "energy": energy})
-    content = RecordDict({"arrays": ArrayRecord({"theta": Array(theta)}), "metrics": metrics})
+    reply = {"theta": Array(theta)}
+    if local_grad is not None:
+        reply["grad"] = Array(local_grad)
+    content = RecordDict({"arrays": ArrayRecord(reply), "metrics": metrics})
     return Message(content, reply_to=msg)
 
 

@@ -11,7 +11,12 @@ import torch
 
 from fedhmc.config import RunConfig
 from fedhmc.problem import build_client_target, torch_dtype
-from fedhmc.sampler import SamplerSettings, client_seed, client_update
+from fedhmc.sampler import (
+    SamplerSettings,
+    client_anchor_gradient,
+    client_seed,
+    client_update,
+)
 
 # Every sampler setting travels in the round's ConfigRecord: the server is authoritative.
 SETTING_KEYS = (
@@ -26,6 +31,10 @@ SETTING_KEYS = (
 )
 
 _TARGETS: dict[tuple, tuple] = {}
+# Debiased FA-HMC: this process's last local gradient at the position it was sent, keyed by
+# everything that determines it, so the next round need not recompute it (a client in a
+# new process, or one that missed a round, recomputes it: the value is the same).
+_ANCHOR_GRADS: dict[tuple, tuple] = {}
 
 
 def client_config(run_config: dict) -> RunConfig:
@@ -60,7 +69,12 @@ def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = 
 
 
 def local_update(
-    cfg: RunConfig, partition_id: int, theta_bar, round_config: dict, private_seed: int | None
+    cfg: RunConfig,
+    partition_id: int,
+    theta_bar,
+    round_config: dict,
+    private_seed: int | None,
+    correction: torch.Tensor | None = None,
 ):
     """T local FA-HMC iterations from the broadcast θ̄ (S, D).
 
@@ -78,6 +92,8 @@ def local_update(
     private_seed
         The client's own seed; by default derived from the run seed and the partition id,
         which reproduces the in-process engine.
+    correction
+        Debiased FA-HMC's control variate (S, D) from :func:`anchor_step`, or None.
 
     Returns
     -------
@@ -99,10 +115,52 @@ def local_update(
     )
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     theta_bar = torch.as_tensor(theta_bar).to(torch_dtype(cfg))
+    round_ = int(round_config["round"])
     theta, info = client_update(
-        target, theta_bar, int(round_config["round-seed"]), seed, int(round_config["round"]), s
+        target, theta_bar, int(round_config["round-seed"]), seed, round_, s, correction=correction
     )
     return theta.numpy(), n_c, float(info.energy.max())
+
+
+def anchor_step(
+    cfg: RunConfig,
+    partition_id: int,
+    theta_bar,
+    round_config: dict,
+    private_seed: int | None,
+    anchor=None,
+    anchor_grad=None,
+):
+    """Debiased FA-HMC's client side: (control variate or None, local gradient at θ̄).
+
+    ``anchor`` and ``anchor_grad`` are θ_a and ∇f(θ_a) (S, D) as sent from round 2 on;
+    ``round_config["anchor-round"]`` is the round in which θ_a was sent, whose anchor key
+    gives this client's ∇f^(c)(θ_a). The returned local gradient is ∇f^(c)(θ̄) under this
+    round's anchor key: the server averages it into the next round's ∇f(θ_a).
+    """
+    cfg = cfg.replace(
+        batch_size=int(round_config["batch-size"]), prior_std=float(round_config["prior-std"])
+    )
+    target, _ = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
+    anchor_target = target.with_batch_size(int(round_config["anchor-batch-size"]))
+    seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
+    dtype = torch_dtype(cfg)
+    round_ = int(round_config["round"])
+    base = (cfg, partition_id, seed, int(round_config["anchor-batch-size"]))
+    correction = None
+    if anchor is not None:
+        a_round = int(round_config["anchor-round"])
+        theta_a = torch.as_tensor(anchor).to(dtype)
+        cached = _ANCHOR_GRADS.get(base)
+        if cached is not None and cached[0] == a_round and torch.equal(cached[1], theta_a):
+            local_a = cached[2]
+        else:
+            local_a = client_anchor_gradient(anchor_target, theta_a, seed, a_round)
+        correction = torch.as_tensor(anchor_grad).to(dtype) - local_a
+    theta_bar = torch.as_tensor(theta_bar).to(dtype)
+    local = client_anchor_gradient(anchor_target, theta_bar, seed, round_)
+    _ANCHOR_GRADS[base] = (round_, theta_bar, local)
+    return correction, local.numpy()
 
 
 def num_examples(cfg: RunConfig, partition_id: int) -> int:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
-ALGORITHMS = ("fahmc", "fald")
+ALGORITHMS = ("fahmc", "fald", "fahmc-debiased")
 MODELS = ("logistic", "mlp")
 BACKENDS = ("engine", "flower")
 ON_FAILURE = ("renormalize", "stop")
@@ -54,7 +54,11 @@ class RunConfig:
         choices=SCALINGS,
     )
     # Sampler
-    algorithm: str = _f("fahmc", "fahmc, or fald (FA-LD: K = 1)", choices=ALGORITHMS)
+    algorithm: str = _f(
+        "fahmc",
+        "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate)",
+        choices=ALGORITHMS,
+    )
     local_steps: int = _f(10, "T: local iterations per communication round")
     leapfrog_steps: int | None = _f(
         None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
@@ -62,6 +66,9 @@ class RunConfig:
     step_size: float | None = _f(None, "η: leapfrog step size (default per dataset)")
     rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
+    anchor_batch_size: int = _f(
+        0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
+    )
     grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
     temperature: float = _f(1.0, "posterior temperature τ: the target is exp(−f/τ)")
@@ -198,6 +205,10 @@ class RunConfig:
         )
         b = self.batch_size
         need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
+        need(
+            self.anchor_batch_size >= 0,
+            f"--anchor-batch-size must be ≥ 0 (0: full local data), got {self.anchor_batch_size}",
+        )
         need(
             math.isfinite(self.grad_noise) and self.grad_noise >= 0,
             f"--grad-noise must be ≥ 0, got {self.grad_noise}",

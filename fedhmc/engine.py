@@ -20,7 +20,7 @@ from .config import RunConfig
 from .errors import NonFiniteError
 from .output import RunWriter
 from .problem import Problem, build_problem, bytes_per_round, initial_position
-from .sampler import SamplerSettings, run_round
+from .sampler import SamplerSettings, debiased_round, run_round
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
@@ -205,12 +205,21 @@ def run(
     if problem is None:
         problem = build_problem(cfg, device=device)
     settings = sampler_settings(cfg)
-    down, up = bytes_per_round(cfg, problem.dim)
     target = problem.target
+    debiased = cfg.algorithm == "fahmc-debiased"
+    anchor_target = target.with_batch_size(cfg.anchor_batch_size) if debiased else None
+    anchor = None
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        theta_bar, info = run_round(target, theta_bar, cfg.seed, r, settings)
+        nonlocal anchor
+        if debiased:
+            theta_bar, anchor, info = debiased_round(
+                target, anchor_target, theta_bar, anchor, cfg.seed, r, settings
+            )
+        else:
+            theta_bar, info = run_round(target, theta_bar, cfg.seed, r, settings)
         finite = bool(torch.isfinite(info.energy).all())
+        down, up = bytes_per_round(cfg, problem.dim, r)
         return theta_bar, RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
 
     return run_loop(

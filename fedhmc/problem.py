@@ -212,8 +212,14 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     return torch.zeros(S, dim, dtype=dtype, device=device)
 
 
-def bytes_per_round(cfg: RunConfig, dim: int) -> tuple[int, int]:
-    """(down, up) bytes of positions per round: every client gets and returns (S, D)."""
+def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int]:
+    """(down, up) bytes of arrays per round.
+
+    Every client gets θ̄ and returns its position, (S, D) each. Debiased FA-HMC also sends
+    the anchor θ_a and ∇f(θ_a) (from round 2 on) and returns the client's local gradient.
+    """
     itemsize = 8 if cfg.dtype == "float64" else 4
-    per_client = cfg.chains * dim * itemsize
-    return cfg.num_clients * per_client, cfg.num_clients * per_client
+    per_array = cfg.num_clients * cfg.chains * dim * itemsize
+    if cfg.algorithm == "fahmc-debiased":
+        return (3 if round_ > 1 else 1) * per_array, 2 * per_array
+    return per_array, per_array

@@ -104,6 +104,7 @@ def local_iterations(
     shared_keys: torch.Tensor,
     private_keys: torch.Tensor,
     settings: SamplerSettings,
+    correction: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RoundInfo]:
     """Run T local FA-HMC iterations on every (chain, client) at once.
 
@@ -117,6 +118,9 @@ def local_iterations(
         From :func:`round_keys`: (S,) and (S, N).
     settings
         η, K, T, ρ, σ_g, τ.
+    correction
+        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a), (S, N, D), added to every
+        gradient (ALGORITHMS.md §4); None for plain FA-HMC.
 
     Returns
     -------
@@ -141,6 +145,8 @@ def local_iterations(
             # The energy is only needed once a round, to stop a diverging chain.
             need_energy = base + k == final
             g, energy = target.grad(th, keys_batch, base + k, need_energy)
+            if correction is not None:
+                g = g.add_(correction)
             if sigma > 0.0:
                 g = g.add_(rng.normal(keys_noise, base + k, D, g.dtype), alpha=sigma)
             if inv_temp != 1.0:
@@ -161,6 +167,7 @@ def run_round(
     settings: SamplerSettings,
     chains: torch.Tensor | None = None,
     client_ids: torch.Tensor | None = None,
+    correction: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RoundInfo]:
     """One communication round of the batched engine: local iterations, then θ̄.
 
@@ -172,6 +179,8 @@ def run_round(
         Run seed and round number (1-based).
     chains, client_ids
         Chain and client indices used for key derivation (default 0 … S−1, 0 … N−1).
+    correction
+        Debiased FA-HMC's control variate, (S, N, D) (see :func:`local_iterations`).
 
     Returns
     -------
@@ -186,7 +195,7 @@ def run_round(
     seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
     shared, private = round_keys(round_seed(seed, round_), seeds, round_, chains)
     theta = theta_bar.unsqueeze(1).expand(S, N, D)
-    theta, info = local_iterations(target, theta, shared, private, settings)
+    theta, info = local_iterations(target, theta, shared, private, settings, correction)
     return weighted_average(theta, target.weights), info
 
 
@@ -198,6 +207,7 @@ def client_update(
     round_: int,
     settings: SamplerSettings,
     chains: torch.Tensor | None = None,
+    correction: torch.Tensor | None = None,
 ) -> tuple[torch.Tensor, RoundInfo]:
     """T local iterations of one client alone: what a Flower client runs each round.
 
@@ -213,6 +223,8 @@ def client_update(
         The client's private seed (:func:`client_seed`).
     round_
         The round number.
+    correction
+        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a) of this client, (S, D).
 
     Returns
     -------
@@ -225,5 +237,111 @@ def client_update(
     chains = torch.arange(S, device=theta_bar.device) if chains is None else chains
     seeds = torch.tensor([seed_of_client], device=theta_bar.device)
     shared, private = round_keys(seed_of_round, seeds, round_, chains)
-    theta, info = local_iterations(target, theta_bar.unsqueeze(1), shared, private, settings)
+    corr = None if correction is None else correction.unsqueeze(1)
+    theta, info = local_iterations(target, theta_bar.unsqueeze(1), shared, private, settings, corr)
     return theta[:, 0], info
+
+
+# --------------------------------------------------------------------------- debiased
+# Debiased FA-HMC (paper Algorithm B.2; ALGORITHMS.md §4), with the paper's schedule that
+# needs no extra round trip. In round r the server sends θ̄_{r−1} and, from round 2 on, the
+# previous anchor θ_a = θ̄_{r−2} with the global gradient there, ∇f(θ_a) = Σ_c w_c ∇f^(c)(θ_a).
+# Client c replaces every gradient g by g − ∇f^(c)(θ_a) + ∇f(θ_a), and replies with its new
+# position and its local gradient at the position it was sent, ∇f^(c)(θ̄_{r−1}), from which
+# the server forms the next round's ∇f(θ_a). Round 1 has no anchor yet and runs plain
+# FA-HMC (the control variate is zero).
+#
+# The local gradient at the position sent in round r is drawn under the client's round-r
+# anchor key, so a client that is sent θ_a again in round r + 1 (a stateless client)
+# recomputes exactly the value it returned.
+
+
+def anchor_keys(client_seeds: torch.Tensor, round_: int, chains: torch.Tensor) -> torch.Tensor:
+    """Keys (S, N) of the clients' gradients at the position sent in round ``round_``."""
+    private = rng.derive(client_seeds.view(1, -1), round_, chains.view(-1, 1))
+    return rng.derive(private, rng.STREAM_ANCHOR)
+
+
+def anchor_gradients(
+    anchor_target,
+    theta_bar: torch.Tensor,
+    seed: int,
+    round_: int,
+    chains: torch.Tensor | None = None,
+    client_ids: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Every client's local gradient ∇f^(c) at the broadcast θ̄ (S, D): (S, N, D).
+
+    ``anchor_target`` is the target at the anchor batch size
+    (``target.with_batch_size(b)``; 0 = the full local data). No injected noise, no
+    temperature: the control variate corrects ∇f itself.
+    """
+    S, D = theta_bar.shape
+    N = anchor_target.num_clients
+    device = theta_bar.device
+    chains = torch.arange(S, device=device) if chains is None else chains
+    ids = torch.arange(N) if client_ids is None else client_ids
+    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    keys = anchor_keys(seeds, round_, chains)
+    g, _ = anchor_target.grad(theta_bar.unsqueeze(1).expand(S, N, D).clone(), keys, 0, False)
+    return g
+
+
+def client_anchor_gradient(
+    anchor_target,
+    theta: torch.Tensor,
+    seed_of_client: int,
+    round_: int,
+    chains: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """One client's local gradient (S, D) at the position sent in round ``round_``."""
+    if anchor_target.num_clients != 1:
+        raise ValueError("client_anchor_gradient takes a single client's target")
+    S, D = theta.shape
+    chains = torch.arange(S, device=theta.device) if chains is None else chains
+    seeds = torch.tensor([seed_of_client], device=theta.device)
+    keys = anchor_keys(seeds, round_, chains)
+    g, _ = anchor_target.grad(theta.unsqueeze(1).clone(), keys, 0, False)
+    return g[:, 0]
+
+
+@dataclass
+class Anchor:
+    """Debiased FA-HMC's state between rounds: the clients' control variates."""
+
+    correction: torch.Tensor
+    """(S, N, D): ∇f(θ_a) − ∇f^(c)(θ_a) for every chain and client."""
+
+
+def debiased_round(
+    target,
+    anchor_target,
+    theta_bar: torch.Tensor,
+    anchor: Anchor | None,
+    seed: int,
+    round_: int,
+    settings: SamplerSettings,
+) -> tuple[torch.Tensor, Anchor, RoundInfo]:
+    """One round of debiased FA-HMC in the batched engine.
+
+    Parameters
+    ----------
+    target, anchor_target
+        The target, and the same target at the anchor batch size.
+    theta_bar
+        The broadcast θ̄_{r−1}, (S, D).
+    anchor
+        The state from the previous round (None in round 1: no correction).
+
+    Returns
+    -------
+    (theta_bar, anchor, info)
+        θ̄_r, the state for round r + 1 (anchor θ̄_{r−1}), and the round's info; its
+        ``grad_evals`` counts the anchor gradient as one evaluation per client and chain.
+    """
+    local = anchor_gradients(anchor_target, theta_bar, seed, round_)
+    correction = None if anchor is None else anchor.correction
+    new_bar, info = run_round(target, theta_bar, seed, round_, settings, correction=correction)
+    glob = weighted_average(local, target.weights)
+    info.grad_evals += local.shape[0] * local.shape[1]
+    return new_bar, Anchor(glob.unsqueeze(1) - local), info

@@ -16,6 +16,7 @@ what the full target draws for that client.
 
 from __future__ import annotations
 
+import copy
 import math
 from dataclasses import dataclass
 
@@ -79,11 +80,17 @@ class DataTarget:
         self._parts = parts
         valid = torch.arange(n_max, device=self.device) < self.counts.unsqueeze(1)
         self._valid = valid
+        self._set_batch(self.batch_size)
+
+    def _set_batch(self, batch_size: int) -> None:
+        dtype, n_max = self.dtype, self.X.shape[1]
+        self.batch_size = int(batch_size)
+        self._plan = None
         full = self.batch_size <= 0 or self.batch_size >= n_max
         self.full_batch = full
         if full:
             scale = (self.num_total / self.counts.to(torch.float64)).to(dtype)
-            self._full_sw = valid.to(dtype) * scale.unsqueeze(1)
+            self._full_sw = self._valid.to(dtype) * scale.unsqueeze(1)
         else:
             b_c = torch.clamp(self.counts, max=self.batch_size)
             self._b_max = self.batch_size
@@ -92,6 +99,14 @@ class DataTarget:
             self._batch_mask = (
                 torch.arange(self.batch_size, device=self.device) < b_c.unsqueeze(1)
             ).to(dtype)
+
+    def with_batch_size(self, batch_size: int) -> DataTarget:
+        """The same target (sharing its data tensors) with another minibatch size."""
+        if int(batch_size) == self.batch_size:
+            return self
+        other = copy.copy(self)
+        other._set_batch(batch_size)
+        return other
 
     def client(self, c: int) -> DataTarget:
         """The same target restricted to client ``c`` (keeps the global n)."""
@@ -233,6 +248,10 @@ class GaussianTarget:
     def prefetch(self, keys: torch.Tensor, start: int, count: int) -> None:
         """Nothing to draw: the gradients are exact."""
 
+    def with_batch_size(self, batch_size: int) -> GaussianTarget:
+        """The gradients are exact at any batch size: the same target."""
+        return self
+
     def grad(self, theta: torch.Tensor, keys: torch.Tensor, index: int, need_energy=True):
         diff = theta - self._mu
         energy = 0.5 * (diff.square() * self._prec).sum(-1) if need_energy else None
@@ -270,6 +289,7 @@ def fahmc_gaussian_stationary(
     rho: float,
     grad_noise: float = 0.0,
     temperature: float = 1.0,
+    debiased: bool = False,
 ) -> tuple[float, float, float]:
     """Exact stationary law of FA-HMC's global sample on a :class:`GaussianTarget`.
 
@@ -281,11 +301,19 @@ def fahmc_gaussian_stationary(
     local-drift bias of the algorithm, so a test can compare the sampler against it with
     Monte Carlo tolerances alone.
 
+    With ``debiased=True`` it is the law of debiased FA-HMC (ALGORITHMS.md §4) with the
+    previous-anchor schedule of :func:`fedhmc.sampler.debiased_round`: client c's gradient
+    becomes a_c θ + (ā − a_c) θ_a − Σ_j w_j a_j μ_j (a_c = 1/s_c², ā = Σ w_c a_c; the μ_c
+    cancel), where θ_a = θ̄_{r−2} is the anchor, so a round maps
+    θ̄_r = α θ̄_{r−1} + α_a θ̄_{r−2} + β + N(0, γ): an AR(2) with stationary mean
+    β / (1 − α − α_a) and variance γ (1 − α_a) / ((1 + α_a)((1 − α_a)² − α²)).
+
     Returns
     -------
     (mean, var, alpha)
         Stationary mean and variance of each coordinate of θ̄, and the per-round
-        contraction α (|α| < 1 for a stable sampler; the autocorrelation of θ̄).
+        contraction α (|α| < 1 for a stable sampler; the autocorrelation of θ̄). For the
+        debiased AR(2), α is the spectral radius of its companion matrix.
     """
     mu = np.asarray(means, dtype=float)
     a = 1.0 / (np.asarray(variances, dtype=float) * temperature)
@@ -294,10 +322,11 @@ def fahmc_gaussian_stationary(
     sig = grad_noise / temperature
     eta, K = float(step_size), int(leapfrog_steps)
     N = mu.shape[0]
-    A, B, C, V = np.empty(N), np.empty(N), np.empty(N), np.empty(N)
+    a_bar, amu_bar = float(w @ a), float(w @ (a * mu))
+    A, B, C, E, V = (np.empty(N) for _ in range(5))
     for c in range(N):
-        # Affine forms over the basis [θ0, p0, 1, ε_0 … ε_K].
-        basis = K + 4
+        # Affine forms over the basis [θ0, p0, 1, θ_a, ε_0 … ε_K].
+        basis = K + 5
         th = np.zeros(basis)
         th[0] = 1.0
         p = np.zeros(basis)
@@ -305,8 +334,12 @@ def fahmc_gaussian_stationary(
 
         def grad(theta, k, c=c):
             g = a[c] * theta
-            g[2] -= a[c] * mu[c]
-            g[3 + k] += sig
+            if debiased:
+                g[2] -= amu_bar
+                g[3] += a_bar - a[c]
+            else:
+                g[2] -= a[c] * mu[c]
+            g[4 + k] += sig
             return g
 
         g = grad(th, 0)
@@ -315,19 +348,28 @@ def fahmc_gaussian_stationary(
             g_next = grad(th, k + 1)
             p = p - 0.5 * eta * (g + g_next)
             g = g_next
-        A[c], B[c], C[c], V[c] = th[0], th[1], th[2], float(np.sum(th[3:] ** 2))
+        A[c], B[c], C[c], E[c] = th[0], th[1], th[2], th[3]
+        V[c] = float(np.sum(th[4:] ** 2))
 
-    def one_round(m0: float, v0: float) -> tuple[float, float]:
+    def one_round(m0: float, ma: float, v0: float) -> tuple[float, float]:
         m = np.full(N, m0)
         cov = np.full((N, N), v0)
         for _ in range(local_steps):
-            m = A * m + C
+            m = A * m + C + E * ma
             cov = (A[:, None] * cov * A[None, :]) + rho * np.outer(B, B)
             cov += np.diag((1.0 - rho) * B**2 / w + V)
         return float(w @ m), float(w @ cov @ w)
 
-    beta, gamma = one_round(0.0, 0.0)
-    alpha = one_round(1.0, 0.0)[0] - beta
-    if not abs(alpha) < 1.0:
-        return math.nan, math.nan, alpha
-    return beta / (1.0 - alpha), gamma / (1.0 - alpha**2), alpha
+    beta, gamma = one_round(0.0, 0.0, 0.0)
+    alpha = one_round(1.0, 0.0, 0.0)[0] - beta
+    if not debiased:
+        if not abs(alpha) < 1.0:
+            return math.nan, math.nan, alpha
+        return beta / (1.0 - alpha), gamma / (1.0 - alpha**2), alpha
+    alpha_a = one_round(0.0, 1.0, 0.0)[0] - beta
+    radius = float(np.max(np.abs(np.roots([1.0, -alpha, -alpha_a]))))
+    if not radius < 1.0:
+        return math.nan, math.nan, radius
+    mean = beta / (1.0 - alpha - alpha_a)
+    var = gamma * (1.0 - alpha_a) / ((1.0 + alpha_a) * ((1.0 - alpha_a) ** 2 - alpha**2))
+    return mean, var, radius

@@ -60,6 +60,8 @@ def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
             "grad-noise": float(cfg.grad_noise),
             "prior-std": float(cfg.prior_std),
             "temperature": float(cfg.temperature),
+            "algorithm": str(cfg.algorithm),
+            "anchor-batch-size": int(cfg.anchor_batch_size),
         }
     )
 
@@ -128,11 +130,19 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
     failed_rounds = 0
+    debiased = cfg.algorithm == "fahmc-debiased"
+    keys = ("theta", "grad") if debiased else ("theta",)
+    anchor = None  # debiased: (round θ_a was sent, θ_a, ∇f(θ_a))
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal failed_rounds
-        arrays = ArrayRecord({"theta": Array(theta_bar.detach().cpu().numpy())})
+        nonlocal failed_rounds, anchor
+        out = {"theta": Array(theta_bar.detach().cpu().numpy())}
         config = round_config(cfg, r, num_total)
+        if anchor is not None:
+            out["anchor"] = Array(anchor[1].detach().cpu().numpy())
+            out["anchor-grad"] = Array(anchor[2].detach().cpu().numpy())
+            config["anchor-round"] = int(anchor[0])
+        arrays = ArrayRecord(out)
         content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
         bytes_down = sum(_record_bytes(c) for c in content.values())
         ok, failed = _exchange(grid, content, MessageType.TRAIN, str(r), cfg.round_timeout)
@@ -143,18 +153,19 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
             try:
                 m = rep.content["metrics"]
                 arrs = {k: v.numpy() for k, v in rep.content["arrays"].items()}
-                theta = validate_reply(
+                got = validate_reply(
                     arrs,
                     _as_int(m.get("num-examples")),
                     shape=shape,
                     dtype=dtype,
                     max_examples=assigned,
-                )["theta"]
+                    keys=keys,
+                )
             except (ReplyError, KeyError, TypeError, ValueError) as e:
                 failed[nid] = f"rejected reply: {e}"
                 nonfinite += "non-finite" in str(e)
                 continue
-            accepted.append((pid, int(m["num-examples"]), theta))
+            accepted.append((pid, int(m["num-examples"]), got["theta"], got.get("grad")))
         for nid, why in failed.items():
             log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
         if failed and cfg.on_failure == "stop":
@@ -163,8 +174,9 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
+        evals = settings.grad_evals_per_round + (1 if debiased else 0)
         stats = RoundStats(
-            grad_evals=len(accepted) * settings.grad_evals_per_round * cfg.chains,
+            grad_evals=len(accepted) * evals * cfg.chains,
             finite=True,
             clients=len(accepted),
             failed=len(failed),
@@ -183,8 +195,11 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
                 )
             return theta_bar, stats
         accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
-        positions = torch.stack([torch.as_tensor(t) for _, _, t in accepted], dim=1)
-        weights = torch.tensor([n for _, n, _ in accepted], dtype=torch.float64)
+        positions = torch.stack([torch.as_tensor(a[2]) for a in accepted], dim=1)
+        weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64)
+        if debiased:
+            grads = torch.stack([torch.as_tensor(a[3]) for a in accepted], dim=1)
+            anchor = (r, theta_bar, weighted_average(grads, weights))
         return weighted_average(positions, weights), stats
 
     return run_loop(

@@ -115,6 +115,44 @@ def test_flower_apps_equal_the_engine(tmp_path, rho):
     assert head_e == (tmp_path / "f" / "metrics.csv").read_text().splitlines()[0]
 
 
+@pytest.mark.parametrize("anchor_batch", [0, 8])
+def test_debiased_flower_apps_equal_the_engine(tmp_path, anchor_batch):
+    cfg = small_cfg(
+        tmp_path, "de", algorithm="fahmc-debiased", anchor_batch_size=anchor_batch, rho=0.5
+    )
+    engine = run(cfg, progress=False)
+    flower, grid = run_grid(cfg.replace(out=str(tmp_path / "df")))
+    assert_same_run(engine, flower)
+    # The stateless path: a client that lost its cache recomputes ∇f^(c)(θ_a) exactly.
+    from fedhmc_clients import task
+
+    task._ANCHOR_GRADS.clear()
+    cold, _ = run_grid(
+        cfg.replace(out=str(tmp_path / "dc")),
+        client_app=_forgetful_client_app(),
+    )
+    assert_same_run(engine, cold)
+    # Bytes: θ̄ down and θ up every round, plus θ_a and ∇f(θ_a) down and ∇f^(c) up.
+    down = [r["bytes_down"] for r in flower.history]
+    up = [r["bytes_up"] for r in flower.history]
+    assert down[1] > 2.5 * down[0] and up[0] > 1.8 * flower.history[0]["bytes_down"]
+    assert down[1] == down[-1]
+
+
+def _forgetful_client_app():
+    """A ClientApp whose process forgets everything between messages, like a deployed
+    SuperNode that starts a new ClientApp process per message."""
+    from fedhmc_clients import task
+
+    inner = make_client_app()
+
+    def app(msg, context):
+        task._ANCHOR_GRADS.clear()
+        return inner(msg, context)
+
+    return app
+
+
 def test_messages_carry_positions_round_seed_and_settings_but_no_private_seed(tmp_path):
     cfg = small_cfg(tmp_path, "m", rounds=1)
     result, grid = run_grid(cfg)

@@ -1,0 +1,114 @@
+"""Debiased FA-HMC (ALGORITHMS.md §4) against its exact stationary law on Gaussian clients.
+
+On the heterogeneous Gaussian, ``fahmc_gaussian_stationary(..., debiased=True)`` gives the
+exact stationary law of debiased FA-HMC's θ̄ with the previous-anchor schedule (an AR(2) in
+the rounds; its mean is the exact posterior mean, since the clients' μ_c cancel from the
+corrected gradients). Plain FA-HMC's law, from the same function, is biased toward the
+clients' local optima by an amount that grows with T. Chains and coordinates are
+independent, so the n = S·d values of the last round are n independent draws; tolerances
+are Z = 5 Monte Carlo standard errors, √(var/n) for the mean.
+"""
+
+import math
+
+import pytest
+import torch
+
+from fedhmc.config import RunConfig
+from fedhmc.engine import run
+from fedhmc.sampler import Anchor, SamplerSettings, debiased_round, run_round
+from fedhmc.targets import fahmc_gaussian_stationary, hetero_gaussian
+
+Z = 5.0
+CHAINS, DIM = 1000, 4
+T, K, ETA = 50, 5, 0.02
+
+
+def law(target, debiased):
+    return fahmc_gaussian_stationary(
+        target.means, target.variances, target.weights, ETA, K, T, 1.0, debiased=debiased
+    )
+
+
+def last_round(target, debiased, correct=True):
+    """θ̄ after enough rounds to forget the start; ``correct=False`` drops the correction."""
+    settings = SamplerSettings(ETA, K, T, rho=1.0)
+    _, _, radius = law(target, debiased)
+    rounds = int(math.ceil(math.log(1e-6 / 20) / math.log(radius)))
+    theta = torch.zeros(CHAINS, DIM, dtype=torch.float64)
+    anchor = None
+    for r in range(1, rounds + 1):
+        if debiased:
+            theta, anchor, _ = debiased_round(target, target, theta, anchor, 0, r, settings)
+            if not correct:
+                anchor = Anchor(torch.zeros_like(anchor.correction))
+        else:
+            theta, _ = run_round(target, theta, 0, r, settings)
+    return theta.flatten()
+
+
+def test_the_laws_plain_is_biased_and_debiased_is_not():
+    target = hetero_gaussian(4, DIM, dtype=torch.float64)
+    post = target.posterior()
+    plain_mean, _, _ = law(target, False)
+    deb_mean, deb_var, _ = law(target, True)
+    assert post.mean - plain_mean > 0.2  # pulled toward the unweighted optima (10.5)
+    assert abs(deb_mean - post.mean) < 1e-9
+    assert abs(deb_var - post.var) < 0.01  # what is left is the O(η²) discretisation
+
+
+def test_debiased_sampler_matches_its_exact_law_and_removes_the_bias():
+    target = hetero_gaussian(4, DIM, dtype=torch.float64)
+    mean, var, _ = law(target, True)
+    plain_mean, _, _ = law(target, False)
+    x = last_round(target, True)
+    se = math.sqrt(var / x.numel())
+    assert abs(float(x.mean()) - mean) < Z * se
+    assert abs(float(x.var()) - var) < Z * var * math.sqrt(2 / (x.numel() - 1))
+    # Most of plain FA-HMC's bias is gone: what remains is within Monte Carlo error.
+    assert abs(float(x.mean()) - mean) < 0.25 * abs(plain_mean - mean)
+
+
+def test_check_fails_when_the_correction_is_switched_off():
+    target = hetero_gaussian(4, DIM, dtype=torch.float64)
+    mean, var, _ = law(target, True)
+    x = last_round(target, True, correct=False)
+    se = math.sqrt(var / x.numel())
+    assert abs(float(x.mean()) - mean) > Z * se
+
+
+def test_round_one_is_plain_fahmc_and_later_rounds_are_not():
+    target = hetero_gaussian(4, 3, dtype=torch.float64)
+    s = SamplerSettings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
+    theta = torch.randn(2, 3, dtype=torch.float64)
+    plain, info_p = run_round(target, theta, 7, 1, s)
+    deb, anchor, info_d = debiased_round(target, target, theta, None, 7, 1, s)
+    torch.testing.assert_close(deb, plain, rtol=0, atol=0)
+    assert info_d.grad_evals == info_p.grad_evals + 2 * 4  # one anchor gradient per client
+    # The control variates average to zero over clients (Σ w_c (∇f − ∇f^(c)) = 0).
+    w = target.weights.view(1, -1, 1)
+    assert float((anchor.correction * w).sum(1).abs().max()) < 1e-12
+    plain2, _ = run_round(target, plain, 7, 2, s)
+    deb2, _, _ = debiased_round(target, target, deb, anchor, 7, 2, s)
+    assert not torch.allclose(deb2, plain2)
+
+
+@pytest.mark.parametrize("anchor_batch", [0, 16])
+def test_engine_runs_debiased_and_counts_its_bytes(tmp_path, anchor_batch):
+    cfg = RunConfig(
+        algorithm="fahmc-debiased",
+        anchor_batch_size=anchor_batch,
+        rounds=3,
+        local_steps=2,
+        leapfrog_steps=2,
+        chains=2,
+        out=str(tmp_path / "d"),
+    )
+    result = run(cfg, progress=False)
+    d = result.summary["dim"]
+    per_array = 10 * 2 * d * 4
+    assert [r["bytes_down"] for r in result.history] == [per_array, 3 * per_array, 3 * per_array]
+    assert all(r["bytes_up"] == 2 * per_array for r in result.history)
+    # T·(K+1) + 1 evaluations per client and chain and round.
+    assert result.summary["grad_evals"] == 3 * 10 * 2 * (2 * 3 + 1)
+    assert 0.0 <= result.final["accuracy"] <= 1.0
