@@ -118,6 +118,9 @@ def build_parser() -> argparse.ArgumentParser:
     p_run.add_argument("--quiet", action="store_true", help="no progress bar or final table")
     p_run.set_defaults(func=cmd_run)
     _add_data_command(sub)
+    from .experiments import add_experiment_command
+
+    add_experiment_command(sub)
     return parser
 
 

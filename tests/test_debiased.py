@@ -9,6 +9,7 @@ independent, so the n = S·d values of the last round are n independent draws; t
 are Z = 5 Monte Carlo standard errors, √(var/n) for the mean.
 """
 
+import json
 import math
 
 import pytest
@@ -112,3 +113,20 @@ def test_engine_runs_debiased_and_counts_its_bytes(tmp_path, anchor_batch):
     # T·(K+1) + 1 evaluations per client and chain and round.
     assert result.summary["grad_evals"] == 3 * 10 * 2 * (2 * 3 + 1)
     assert 0.0 <= result.final["accuracy"] <= 1.0
+
+
+def test_debiased_gaussian_experiment_quick(tmp_path, capsys):
+    from fedhmc.cli import main
+
+    assert main(["experiment", "debiased-gaussian", "--quick", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "debiased_gaussian.json").read_text())
+    assert (tmp_path / "debiased_gaussian.png").stat().st_size > 1000
+    assert (tmp_path / "debiased_gaussian.csv").exists()
+    by = {(r["T"], r["algorithm"]): r for r in summary["rows"]}
+    # Plain FA-HMC's bias at T = 50 (exact: −0.255) is far outside the Monte Carlo error;
+    # the debiased one's is within it.
+    p, d = by[50, "fahmc"], by[50, "fahmc-debiased"]
+    assert abs(p["bias"] - d["bias"]) > Z * math.hypot(p["bias_se"], d["bias_se"])
+    assert abs(d["bias"] - d["exact_bias"]) < Z * d["bias_se"]
+    assert main(["experiment", "--list"]) == 0
+    assert "stale-gaussian" in capsys.readouterr().out
