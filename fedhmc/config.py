@@ -20,7 +20,9 @@ from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
-ALGORITHMS = ("fahmc", "fald", "fahmc-debiased")
+ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld")
+STALE_ALGORITHMS = ("sghmc", "sgld")
+STALENESS_DISTS = ("fixed", "uniform")
 MODELS = ("logistic", "mlp")
 BACKENDS = ("engine", "flower")
 ON_FAILURE = ("renormalize", "stop")
@@ -56,7 +58,8 @@ class RunConfig:
     # Sampler
     algorithm: str = _f(
         "fahmc",
-        "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate)",
+        "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate); "
+        "sghmc or sgld (stale-gradient SG-MCMC on the pooled data)",
         choices=ALGORITHMS,
     )
     local_steps: int = _f(10, "T: local iterations per communication round")
@@ -69,6 +72,11 @@ class RunConfig:
     anchor_batch_size: int = _f(
         0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
     )
+    staleness: int = _f(0, "sghmc/sgld: gradient staleness τ (steps)")
+    staleness_dist: str = _f(
+        "fixed", "sghmc/sgld: τ_l = τ (fixed) or uniform on {0, …, τ}", choices=STALENESS_DISTS
+    )
+    friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
     grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
     temperature: float = _f(1.0, "posterior temperature τ: the target is exp(−f/τ)")
@@ -166,9 +174,28 @@ class RunConfig:
                     "drop --leapfrog-steps or use --algorithm fahmc"
                 )
             k = 1
+        eta = self.step_size
+        friction = self.friction
+        if self.algorithm in STALE_ALGORITHMS:
+            if k not in (None, 1):
+                raise ConfigError(
+                    f"--algorithm {self.algorithm} has no leapfrog steps, but "
+                    f"--leapfrog-steps is {k}; drop it (--local-steps sets the steps per round)"
+                )
+            k = 1
+            if eta is None:  # SGLD's h matches FA-LD's learning rate η²/2
+                eta = d["step_size"] if self.algorithm == "sghmc" else d["step_size"] ** 2 / 2
+            if friction is None:
+                friction = 0.1 / eta if self.algorithm == "sghmc" else 0.0
+        elif self.staleness or self.friction is not None:
+            raise ConfigError(
+                "--staleness and --friction apply to --algorithm sghmc or sgld only, "
+                f"not {self.algorithm}"
+            )
         cfg = self.replace(
             leapfrog_steps=10 if k is None else k,
-            step_size=d["step_size"] if self.step_size is None else self.step_size,
+            step_size=d["step_size"] if eta is None else eta,
+            friction=friction,
             batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
             prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
             chains=d["chains"] if self.chains is None else self.chains,
@@ -205,6 +232,16 @@ class RunConfig:
         )
         b = self.batch_size
         need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
+        need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
+        need(
+            not (self.backend == "flower" and self.algorithm in STALE_ALGORITHMS),
+            f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
+        )
+        fr = self.friction
+        need(
+            fr is None or (math.isfinite(fr) and fr >= 0),
+            f"--friction must be ≥ 0, got {fr}",
+        )
         need(
             self.anchor_batch_size >= 0,
             f"--anchor-batch-size must be ≥ 0 (0: full local data), got {self.anchor_batch_size}",
@@ -242,6 +279,7 @@ class RunConfig:
             ("backend", BACKENDS),
             ("dtype", DTYPES),
             ("on_failure", ON_FAILURE),
+            ("staleness_dist", STALENESS_DISTS),
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
