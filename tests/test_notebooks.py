@@ -1,0 +1,41 @@
+"""The tutorial notebook runs, top to bottom, at a tiny budget (so that it cannot rot)."""
+
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed")
+pytest.importorskip("nbclient", reason="nbclient is not installed")
+pytest.importorskip("ipykernel", reason="ipykernel is not installed (no Jupyter kernel)")
+
+
+def _outputs(nb):
+    return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+
+
+def test_tutorial_notebook_executes(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import make_notebooks
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("FEDHMC_TUTORIAL_ROUNDS", "6")
+    monkeypatch.setenv("FEDHMC_TUTORIAL_OUT", str(tmp_path / "runs"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = make_notebooks.execute(make_notebooks.build(make_notebooks.TUTORIAL), tmp_path)
+    assert not [o for o in _outputs(nb) if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in _outputs(nb))
+    assert "FA-LD (K = 1): accuracy" in text
+    assert (tmp_path / "runs" / "fahmc" / "metrics.csv").exists()
+
+
+def test_committed_tutorial_has_its_outputs():
+    nb = nbformat.read(ROOT / "notebooks" / "tutorial.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code)
+    assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) >= 4
+    assert os.path.getsize(ROOT / "notebooks" / "tutorial.ipynb") > 20_000
