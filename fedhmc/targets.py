@@ -315,6 +315,88 @@ def fahmc_gaussian_stationary(
         contraction α (|α| < 1 for a stable sampler; the autocorrelation of θ̄). For the
         debiased AR(2), α is the spectral radius of its companion matrix.
     """
+    alpha, alpha_a, beta, gamma = _round_map(
+        means,
+        variances,
+        weights,
+        step_size,
+        leapfrog_steps,
+        local_steps,
+        rho,
+        grad_noise,
+        temperature,
+        debiased,
+    )
+    if not debiased:
+        if not abs(alpha) < 1.0:
+            return math.nan, math.nan, alpha
+        return beta / (1.0 - alpha), gamma / (1.0 - alpha**2), alpha
+    radius = float(np.max(np.abs(np.roots([1.0, -alpha, -alpha_a]))))
+    if not radius < 1.0:
+        return math.nan, math.nan, radius
+    mean = beta / (1.0 - alpha - alpha_a)
+    var = gamma * (1.0 - alpha_a) / ((1.0 + alpha_a) * ((1.0 - alpha_a) ** 2 - alpha**2))
+    return mean, var, radius
+
+
+def fahmc_gaussian_transient(
+    means,
+    variances,
+    weights,
+    step_size: float,
+    leapfrog_steps: int,
+    local_steps: int,
+    rho: float,
+    rounds: int,
+    theta0: float = 0.0,
+    grad_noise: float = 0.0,
+    temperature: float = 1.0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """Exact law of plain FA-HMC's θ̄_r, r = 1 … ``rounds``, from θ̄_0 = ``theta0``.
+
+    Each coordinate of θ̄_r is N(m_r, v_r) with m_r = α m_{r−1} + β and
+    v_r = α² v_{r−1} + γ (the round map of :func:`fahmc_gaussian_stationary`), so the
+    W₂² of θ̄_r to the posterior N(m 1_d, v I) is d ((m_r − m)² + (√v_r − √v)²) exactly,
+    with no Monte Carlo error.
+
+    Returns
+    -------
+    (mean, var)
+        Arrays of shape (rounds,).
+    """
+    alpha, _, beta, gamma = _round_map(
+        means,
+        variances,
+        weights,
+        step_size,
+        leapfrog_steps,
+        local_steps,
+        rho,
+        grad_noise,
+        temperature,
+        False,
+    )
+    m, v = float(theta0), 0.0
+    ms, vs = np.empty(rounds), np.empty(rounds)
+    for r in range(rounds):
+        m, v = alpha * m + beta, alpha * alpha * v + gamma
+        ms[r], vs[r] = m, v
+    return ms, vs
+
+
+def _round_map(
+    means,
+    variances,
+    weights,
+    step_size,
+    leapfrog_steps,
+    local_steps,
+    rho,
+    grad_noise,
+    temperature,
+    debiased,
+) -> tuple[float, float, float, float]:
+    """(α, α_a, β, γ) of one round: θ̄_r = α θ̄_{r−1} + α_a θ_a + β + N(0, γ) per coordinate."""
     mu = np.asarray(means, dtype=float)
     a = 1.0 / (np.asarray(variances, dtype=float) * temperature)
     w = np.asarray(weights, dtype=float)
@@ -362,14 +444,5 @@ def fahmc_gaussian_stationary(
 
     beta, gamma = one_round(0.0, 0.0, 0.0)
     alpha = one_round(1.0, 0.0, 0.0)[0] - beta
-    if not debiased:
-        if not abs(alpha) < 1.0:
-            return math.nan, math.nan, alpha
-        return beta / (1.0 - alpha), gamma / (1.0 - alpha**2), alpha
-    alpha_a = one_round(0.0, 1.0, 0.0)[0] - beta
-    radius = float(np.max(np.abs(np.roots([1.0, -alpha, -alpha_a]))))
-    if not radius < 1.0:
-        return math.nan, math.nan, radius
-    mean = beta / (1.0 - alpha - alpha_a)
-    var = gamma * (1.0 - alpha_a) / ((1.0 + alpha_a) * ((1.0 - alpha_a) ** 2 - alpha**2))
-    return mean, var, radius
+    alpha_a = one_round(0.0, 1.0, 0.0)[0] - beta if debiased else 0.0
+    return alpha, alpha_a, beta, gamma

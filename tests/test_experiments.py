@@ -1,0 +1,52 @@
+"""`fedhmc experiment`: the exact transient law behind gaussian-dim, and quick runs."""
+
+import json
+import math
+
+import numpy as np
+import torch
+
+from fedhmc.cli import main
+from fedhmc.sampler import SamplerSettings, run_round
+from fedhmc.targets import (
+    fahmc_gaussian_stationary,
+    fahmc_gaussian_transient,
+    hetero_gaussian,
+)
+
+Z = 5.0
+
+
+def test_transient_law_tends_to_the_stationary_law_and_matches_the_sampler():
+    target = hetero_gaussian(4, 3, dtype=torch.float64)
+    args = (target.means, target.variances, target.weights, 0.05, 5, 4, 0.5)
+    ms, vs = fahmc_gaussian_transient(*args, rounds=400, theta0=2.0, grad_noise=1.0)
+    m, v, _ = fahmc_gaussian_stationary(*args, grad_noise=1.0)
+    assert ms[-1] == pytest_approx(m) and vs[-1] == pytest_approx(v)
+    # The sampler, from θ̄_0 = 2, follows the exact per-round mean and variance.
+    chains, s = 2000, SamplerSettings(0.05, 5, 4, rho=0.5, grad_noise=1.0)
+    theta = torch.full((chains, 3), 2.0, dtype=torch.float64)
+    for r in range(1, 6):
+        theta, _ = run_round(target, theta, 0, r, s)
+        x = theta.flatten()
+        assert abs(float(x.mean()) - ms[r - 1]) < Z * math.sqrt(vs[r - 1] / x.numel())
+        assert abs(float(x.var()) - vs[r - 1]) < Z * vs[r - 1] * math.sqrt(2 / (x.numel() - 1))
+
+
+def pytest_approx(x):
+    import pytest
+
+    return pytest.approx(x, rel=1e-9)
+
+
+def test_gaussian_dim_quick(tmp_path):
+    assert main(["experiment", "gaussian-dim", "--quick", "--out", str(tmp_path)]) == 0
+    rows = json.loads((tmp_path / "gaussian_dim.json").read_text())["rows"]
+    rounds = np.array([r["rounds"] for r in rows], dtype=float)
+    dims = np.array([r["dim"] for r in rows], dtype=float)
+    assert np.all(np.diff(rounds) > 0)  # more rounds in higher dimension
+    # Between √d and d: the paper's √d, times the log of the starting distance.
+    growth = np.log(rounds[-1] / rounds[0]) / np.log(dims[-1] / dims[0])
+    assert 0.45 < growth < 0.75, growth
+    assert rows[0]["max_dev_se"] < Z  # the sampler follows the exact law
+    assert (tmp_path / "gaussian_dim.png").stat().st_size > 1000
