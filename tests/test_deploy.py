@@ -245,3 +245,35 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
 
     # The run created no federation section in pyproject.toml (a `flwr run` migration would).
     assert "federations" not in pyproject.read_text()
+
+
+def test_flwr_run_local_simulation_script_leaves_nothing_behind(tmp_path):
+    """deploy/simulate.sh: `flwr run . local` with N virtual SuperNodes, then its managed
+    local SuperLink is stopped by PID."""
+    if socket.socket().connect_ex(("127.0.0.1", 39091)) == 0:
+        pytest.skip("port 39091 (Flower's managed local SuperLink) is already in use")
+    env = {
+        **os.environ,
+        "PATH": SEARCH_PATH,
+        "FEDHMC_DEPLOY_DIR": str(tmp_path / "deploy"),
+        "PYTHONWARNINGS": "ignore",
+    }
+    out = tmp_path / "sim-run"
+    proc = subprocess.run(
+        ["bash", str(DEPLOY / "simulate.sh"), "3", "rounds=2", "local-steps=2", f"out={out}"],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env=env,
+        cwd=ROOT,
+    )
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed" and summary["num_clients"] == 3
+    with open(out / "metrics.csv") as f:
+        assert len(list(csv.DictReader(f))) == 2
+    assert "stopped the local SuperLink" in proc.stdout
+    left = subprocess.run(
+        ["pgrep", "-f", str(tmp_path / "deploy")], capture_output=True, text=True
+    ).stdout.split()
+    assert not left, f"processes left behind: {left}"
