@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import inspect
 import json
 import math
 import time
@@ -130,7 +131,6 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     return summary
 
 
-
 # ---------------------------------------------------------------------- gaussian-dim
 def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     """Rounds to reach W₂² < 0.1 against the dimension d (the paper's §5.2, Figure 2).
@@ -206,6 +206,212 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     fig.savefig(out_dir / "gaussian_dim.png", dpi=120)
     return summary
 
+
+# ------------------------------------------------------------- data experiments
+PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
+"""The paper's Fashion-MNIST logistic-regression results after 200 rounds (best settings)."""
+
+BUDGETS = ("quick", "reduced", "full")
+
+
+def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = True) -> list[dict]:
+    """Run each cell (``base`` updated by the cell) on the engine into ``out_dir/cells/``.
+
+    A cell whose ``summary.json`` says completed is read back instead of rerun, so an
+    interrupted experiment resumes where it stopped. Returns the tidy rows: one per
+    (cell, round), with the cell's settings and the round's metrics.
+    """
+    from .config import RunConfig
+    from .engine import run
+
+    rows: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=None, leave=False)
+    for cell in cells:
+        name = "_".join(f"{k}={v}" for k, v in cell.items())
+        cell_dir = out_dir / "cells" / name
+        cfg = RunConfig.from_mapping({**base, **cell, "out": str(cell_dir)})
+        summary_path = cell_dir / "summary.json"
+        done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == (
+            "completed"
+        )
+        if (
+            done
+            and json.loads((cell_dir / "config.json").read_text())
+            == cfg.resolve().replace(out=str(cell_dir)).to_dict()
+        ):
+            with open(cell_dir / "metrics.csv") as f:
+                history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        else:
+            history = run(cfg, progress=False).history
+        rows += [{**cell, **h} for h in history]
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def _num(v: str):
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+
+
+def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: dict | None):
+    metrics = [m for m in ("accuracy", "brier", "ece", "nll_sum") if m in rows[0]]
+    fig = _figure(3.2 * len(metrics), 3.2)
+    axes = fig.subplots(1, len(metrics))
+    values = sorted({r[hue] for r in rows})
+    for ax, m in zip(axes, metrics, strict=True):
+        for v in values:
+            sel = [r for r in rows if r[hue] == v]
+            ax.plot([r["round"] for r in sel], [r[m] for r in sel], label=f"{hue} = {v}")
+        if paper and m in paper:
+            ax.axhline(paper[m], color="k", ls="--", lw=0.8, label="paper, 200 rounds")
+        ax.set_xlabel("communication round")
+        ax.set_title(m, fontsize=10)
+        if m == "nll_sum":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=120)
+    fig.savefig(path.with_suffix(".pdf"))
+
+
+def _data_experiment(
+    name: str,
+    out_dir: Path,
+    base: dict,
+    hue: str,
+    values: list,
+    budget: str,
+    paper: dict | None,
+    title: str,
+    note: str,
+) -> dict:
+    cells = [{hue: v} for v in values]
+    rows = run_cells(out_dir, base, cells)
+    file = name.replace("-", "_")
+    _write(out_dir, file, rows, {})
+    last = max(r["round"] for r in rows)
+    final = [r for r in rows if r["round"] == last]
+    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
+    table = [{k: r[k] for k in keep if k in r} for r in final]
+    summary = {
+        "experiment": name,
+        "budget": budget,
+        "base": base,
+        "note": note,
+        "paper_200_rounds": paper,
+        "rows": table,
+    }
+    (out_dir / f"{file}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _metric_panels(rows, hue, title, out_dir / file, paper)
+    return summary
+
+
+def _fmnist_base(budget: str, T: int, model: str = "logistic", dataset="fashion-mnist") -> dict:
+    rounds = {"quick": 2, "reduced": 10, "full": 200}[budget]
+    return {
+        "dataset": dataset,
+        "model": model,
+        "num-clients": 10,
+        "partition": "iid",
+        "batch-size": 1000,
+        "local-steps": T,
+        "rounds": rounds,
+        "burn-in": 0 if budget != "full" else 20,
+    }
+
+
+def fmnist_k(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """Fashion-MNIST logistic regression, 10 iid clients, batch 1000: K ∈ {1, 10, 50, 100}
+    at T = 50, 200 rounds (``--full``). The reduced default runs T = 5 and 10 rounds (about
+    5 minutes on 2 cores). η = 1e-3 (the dataset default) for every K; the paper tuned η per
+    setting."""
+    budget = "quick" if quick else "full" if full else "reduced"
+    T = {"quick": 2, "reduced": 5, "full": 50}[budget]
+    Ks = [1, 10] if quick else [1, 10, 50, 100]
+    base = {**_fmnist_base(budget, T), "seed": seed}
+    return _data_experiment(
+        "fmnist-K",
+        out_dir,
+        base,
+        "leapfrog-steps",
+        Ks,
+        budget,
+        PAPER_FMNIST,
+        f"Fashion-MNIST, 10 iid clients, T = {T}, η = 1e-3 ({budget})",
+        f"{budget} budget: T = {T}, {base['rounds']} rounds; η = 1e-3 for every K",
+    )
+
+
+def fmnist_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """Fashion-MNIST logistic regression, 10 iid clients, batch 1000: T ∈ {1, 10, 20, 50, 100}
+    at K = 10, 200 rounds (``--full``). The reduced default runs T ∈ {1, 10, 20, 50} for 10
+    rounds (about 5 minutes on 2 cores)."""
+    budget = "quick" if quick else "full" if full else "reduced"
+    Ts = {"quick": [1, 2], "reduced": [1, 10, 20, 50], "full": [1, 10, 20, 50, 100]}[budget]
+    base = {**_fmnist_base(budget, 1), "leapfrog-steps": 10, "seed": seed}
+    base.pop("local-steps")
+    return _data_experiment(
+        "fmnist-T",
+        out_dir,
+        base,
+        "local-steps",
+        Ts,
+        budget,
+        PAPER_FMNIST,
+        f"Fashion-MNIST, 10 iid clients, K = 10, η = 1e-3 ({budget})",
+        f"{budget} budget: {base['rounds']} rounds; η = 1e-3 for every T",
+    )
+
+
+def _mlp_like(name, dataset, model, out_dir, quick, seed, full) -> dict:
+    budget = "quick" if quick else "full" if full else "reduced"
+    T = {"quick": 2, "reduced": 5, "full": 50}[budget]
+    Ks = {"quick": [1, 10], "reduced": [1, 10], "full": [1, 10, 50, 100]}[budget]
+    base = {**_fmnist_base(budget, T, model, dataset), "seed": seed}
+    if budget == "reduced":
+        base["rounds"] = 5
+    return _data_experiment(
+        name,
+        out_dir,
+        base,
+        "leapfrog-steps",
+        Ks,
+        budget,
+        None,
+        f"{dataset} {model}, 10 iid clients, T = {T} ({budget})",
+        f"{budget} budget: T = {T}, {base['rounds']} rounds, K ∈ {Ks}; dataset default η",
+    )
+
+
+def fmnist_mlp(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """The two-hidden-layer (100, 100) ReLU MLP on Fashion-MNIST, K grid at T = 50
+    (``--full``: K ∈ {1, 10, 50, 100}, 200 rounds; reduced: K ∈ {1, 10}, T = 5, 5 rounds)."""
+    return _mlp_like("fmnist-mlp", "fashion-mnist", "mlp", out_dir, quick, seed, full)
+
+
+def kmnist(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """KMNIST logistic regression, the K grid of the MLP experiment (needs the KMNIST files:
+    ``--data-dir`` or ``FEDHMC_DATA``; the error says where it looked)."""
+    return _mlp_like("kmnist", "kmnist", "logistic", out_dir, quick, seed, full)
+
+
+def cifar2(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """CIFAR-2 (airplane vs automobile) logistic regression, the K grid of the MLP
+    experiment (needs the CIFAR-10 python batches)."""
+    return _mlp_like("cifar2", "cifar2", "logistic", out_dir, quick, seed, full)
+
+
 # ------------------------------------------------------------------------- registry
 def _stale(name: str) -> Callable:
     def fn(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
@@ -226,6 +432,14 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
         gaussian_dim,
         "heterogeneous Gaussian: rounds to reach W₂² < 0.1 against dimension (Figure 2)",
     ),
+    "fmnist-K": (fmnist_k, "Fashion-MNIST logistic regression, K ∈ {1, 10, 50, 100} at T = 50"),
+    "fmnist-T": (
+        fmnist_t,
+        "Fashion-MNIST logistic regression, T ∈ {1, 10, 20, 50, 100} at K = 10",
+    ),
+    "fmnist-mlp": (fmnist_mlp, "Fashion-MNIST two-hidden-layer MLP, K grid"),
+    "kmnist": (kmnist, "KMNIST logistic regression, K grid (needs the KMNIST files)"),
+    "cifar2": (cifar2, "CIFAR-2 logistic regression, K grid (needs the CIFAR-10 batches)"),
     "stale-gaussian": (
         _stale("stale_gaussian"),
         "Chen et al. §5.1: MSE of stale SGHMC against staleness τ at L = L₀·τ",
@@ -247,6 +461,11 @@ def add_experiment_command(sub) -> None:
     p.add_argument("name", nargs="?", choices=list(EXPERIMENTS), metavar="NAME")
     p.add_argument("--out", help="output directory (default runs/<time>-<name>)")
     p.add_argument("--quick", action="store_true", help="a small version, in seconds")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the paper's own budget (hours on 2 CPU cores for the data experiments)",
+    )
     p.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     p.add_argument("--list", action="store_true", help="list the experiments")
     p.set_defaults(func=cmd_experiment)
@@ -264,7 +483,14 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"--out {out} is not writable ({e.strerror}); choose another") from None
     fn, _ = EXPERIMENTS[args.name]
-    summary = fn(out, quick=args.quick, seed=args.seed)
+    kwargs = {"quick": args.quick, "seed": args.seed}
+    if args.full:
+        if args.quick:
+            raise ConfigError("--quick and --full exclude each other; pick one")
+        if "full" not in inspect.signature(fn).parameters:
+            raise ConfigError(f"{args.name} has no --full budget; drop --full")
+        kwargs["full"] = True
+    summary = fn(out, **kwargs)
     rows = summary.get("rows", [])
     if rows:
         keys = list(rows[0])

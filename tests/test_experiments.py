@@ -2,8 +2,10 @@
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
+import pytest
 import torch
 
 from fedhmc.cli import main
@@ -34,8 +36,6 @@ def test_transient_law_tends_to_the_stationary_law_and_matches_the_sampler():
 
 
 def pytest_approx(x):
-    import pytest
-
     return pytest.approx(x, rel=1e-9)
 
 
@@ -50,3 +50,27 @@ def test_gaussian_dim_quick(tmp_path):
     assert 0.45 < growth < 0.75, growth
     assert rows[0]["max_dev_se"] < Z  # the sampler follows the exact law
     assert (tmp_path / "gaussian_dim.png").stat().st_size > 1000
+
+
+FMNIST = Path("/usr/share/datasets/fashion-mnist")
+
+
+@pytest.mark.skipif(
+    not (FMNIST / "train-images-idx3-ubyte.gz").exists(),
+    reason=f"{FMNIST} not found; install it with `apt-get install dataset-fashion-mnist`",
+)
+def test_fmnist_k_quick_writes_and_resumes(tmp_path):
+    assert main(["experiment", "fmnist-K", "--quick", "--out", str(tmp_path)]) == 0
+    summary = json.loads((tmp_path / "fmnist_K.json").read_text())
+    assert [r["leapfrog-steps"] for r in summary["rows"]] == [1, 10]
+    assert all(0.5 < r["accuracy"] <= 1.0 for r in summary["rows"])  # it learns
+    for ext in ("png", "pdf", "csv"):
+        assert (tmp_path / f"fmnist_K.{ext}").stat().st_size > 500
+    stamp = (tmp_path / "cells" / "leapfrog-steps=10" / "metrics.csv").stat().st_mtime_ns
+    assert main(["experiment", "fmnist-K", "--quick", "--out", str(tmp_path)]) == 0
+    assert (tmp_path / "cells" / "leapfrog-steps=10" / "metrics.csv").stat().st_mtime_ns == stamp
+
+
+def test_full_and_quick_exclude_each_other(tmp_path, capsys):
+    assert main(["experiment", "gaussian-dim", "--quick", "--full", "--out", str(tmp_path)]) == 2
+    assert "--full" in capsys.readouterr().err
