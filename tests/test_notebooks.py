@@ -39,3 +39,17 @@ def test_committed_tutorial_has_its_outputs():
     assert code and all(c.get("execution_count") for c in code)
     assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) >= 4
     assert os.path.getsize(ROOT / "notebooks" / "tutorial.ipynb") > 20_000
+
+
+def test_reproduction_notebook_executes_on_the_committed_results(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import make_notebooks
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("FEDHMC_RESULTS", str(ROOT / "notebooks" / "results"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = make_notebooks.execute(make_notebooks.build(make_notebooks.REPRODUCTION), tmp_path)
+    assert not [o for o in _outputs(nb) if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in _outputs(nb))
+    assert "'leapfrog-steps': 100" in text and "'local-steps': 50" in text
