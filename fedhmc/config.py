@@ -187,6 +187,8 @@ class RunConfig:
                 eta = d["step_size"] if self.algorithm == "sghmc" else d["step_size"] ** 2 / 2
             if friction is None:
                 friction = 0.1 / eta if self.algorithm == "sghmc" else 0.0
+            if self.dataset != "gaussian-hetero":  # the pooled data: one "client"
+                self = self.replace(num_clients=1, partition="iid")
         elif self.staleness or self.friction is not None:
             raise ConfigError(
                 "--staleness and --friction apply to --algorithm sghmc or sgld only, "

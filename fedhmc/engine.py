@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import RunConfig
+from .config import STALE_ALGORITHMS, RunConfig
 from .errors import NonFiniteError
 from .output import RunWriter
 from .problem import Problem, build_problem, bytes_per_round, initial_position
@@ -204,6 +204,8 @@ def run(
     device = torch.device(cfg.device)
     if problem is None:
         problem = build_problem(cfg, device=device)
+    if cfg.algorithm in STALE_ALGORITHMS:
+        return _run_stale(cfg, problem, device, progress, on_round)
     settings = sampler_settings(cfg)
     target = problem.target
     debiased = cfg.algorithm == "fahmc-debiased"
@@ -229,6 +231,56 @@ def run(
         round_fn,
         dim=problem.dim,
         num_clients=target.num_clients,
+        description=problem.description,
+        backend="engine",
+        progress=progress,
+        on_round=on_round,
+    )
+
+
+def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> RunResult:
+    """Stale-gradient SGHMC / SGLD on the pooled data: a round is T steps, no communication."""
+    from .sgmcmc import StaleSettings, advance, chain_keys, init_state, target_grad_fn
+
+    settings = StaleSettings(
+        method=cfg.algorithm,
+        step_size=float(cfg.step_size),
+        friction=float(cfg.friction),
+        staleness=int(cfg.staleness),
+        staleness_dist=cfg.staleness_dist,
+        temperature=float(cfg.temperature),
+    )
+    target = problem.target
+    keys = chain_keys(cfg.seed, cfg.chains).to(device)
+    grad = target_grad_fn(target, keys)
+    noise = float(cfg.grad_noise)
+    if noise > 0:
+        from . import rng
+
+        noise_keys = rng.derive(keys, rng.STREAM_GRAD_NOISE)
+        exact = grad
+
+        def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
+            return exact(theta, step) + noise * rng.normal(
+                noise_keys, step, theta.shape[-1], theta.dtype
+            )
+
+    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
+    state = init_state(theta0, settings)
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        nonlocal state
+        state = advance(state, grad, cfg.local_steps, settings, keys)
+        finite = bool(torch.isfinite(state.momentum).all())
+        return state.theta, RoundStats(cfg.local_steps * cfg.chains, finite, 1, 0, 0, 0)
+
+    return run_loop(
+        cfg,
+        problem.evaluator,
+        theta0,
+        round_fn,
+        dim=problem.dim,
+        num_clients=1,
         description=problem.description,
         backend="engine",
         progress=progress,

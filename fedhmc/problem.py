@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 
 from . import rng
-from .config import RunConfig
+from .config import STALE_ALGORITHMS, RunConfig
 from .errors import ConfigError
 from .metrics import BMAPredictive, gaussian_w2_diag, mean_of_chains, predictive_metrics
 from .models import MLP, build_model
@@ -152,6 +152,9 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
     if cfg.dataset in GAUSSIAN_TARGETS:
         evaluator, _, _, desc = build_evaluator(cfg, device)
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy f
+            post = target.posterior()
+            target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
