@@ -206,3 +206,21 @@ def test_bad_stale_options_exit_with_one_line(args, needle, capsys, tmp_path):
     assert main(["run", *args, "--rounds", "1", "--quiet", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and needle in err[0], err
+
+
+def test_stale_experiments_quick(tmp_path):
+    import json
+
+    from fedhmc.experiments import stale_gaussian, stale_variance
+
+    rows = stale_gaussian(tmp_path / "g", quick=True)["rows"]
+    mse = [r["mse"] for r in rows]
+    assert [r["tau"] for r in rows] == [1, 2, 5] and all(m > 0 for m in mse)
+    # Chen et al.'s finding at L = L0·τ: about the same MSE whatever the staleness.
+    assert max(mse) / min(mse) < 3.0
+    assert (tmp_path / "g" / "stale_gaussian.png").stat().st_size > 1000
+    stale_variance(tmp_path / "v", quick=True)
+    summary = json.loads((tmp_path / "v" / "stale_variance.json").read_text())
+    assert [r["workers"] for r in summary["rows"]] == [1, 2, 4]
+    assert all(r["variance"] > 0 for r in summary["rows"])
+    assert "a9a" in summary["data"]
