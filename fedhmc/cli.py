@@ -121,6 +121,12 @@ def build_parser() -> argparse.ArgumentParser:
     from .experiments import add_experiment_command
 
     add_experiment_command(sub)
+    from .sweep import add_sweep_command
+
+    add_sweep_command(sub)
+    from .plots import add_plot_command
+
+    add_plot_command(sub)
     return parser
 
 

@@ -1,0 +1,104 @@
+"""``fedhmc plot``: every kind from a small table, and one-line errors."""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+
+import pytest
+
+from fedhmc.cli import main
+from fedhmc.plots import KINDS, rounds_to
+
+
+def _table(path, rows):
+    cols = list(rows[0])
+    with open(path, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=cols)
+        w.writeheader()
+        w.writerows(rows)
+    return path
+
+
+@pytest.fixture
+def results(tmp_path):
+    """A hand-made sweep table: algorithm × step-size × local-steps × dim × seed, 6 rounds;
+    ``w2`` decays geometrically with a rate that depends on the settings."""
+    rows = []
+    for alg in ("fahmc", "fald"):
+        for eta in (0.001, 0.01, 0.1):
+            for t in (1, 10):
+                for dim in (2, 20):
+                    for seed in (0, 1):
+                        cell = f"{alg}-{eta}-{t}-{dim}-{seed}"
+                        rate = 0.5 + 0.3 * (alg == "fald") + 0.01 * seed - 0.1 * (t == 10)
+                        for r in range(1, 7):
+                            rows.append(
+                                {
+                                    "cell": cell,
+                                    "status": "completed",
+                                    "algorithm": alg,
+                                    "step-size": eta,
+                                    "local-steps": t,
+                                    "dim": dim,
+                                    "seed": seed,
+                                    "round": r,
+                                    "w2": dim * rate**r,
+                                    "nll_mean": 1 + eta + rate**r,
+                                }
+                            )
+    return _table(tmp_path / "results.csv", rows)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_kind_writes_png_and_pdf(results, tmp_path, capsys, kind):
+    stem = tmp_path / "figs" / kind
+    argv = ["plot", str(results), "--kind", kind, "--out", str(stem), "--hue", "algorithm"]
+    if kind in ("rounds-to", "rounds2-vs-dim"):
+        argv += ["--metric", "w2", "--threshold", "0.5"]
+    assert main(argv) == 0
+    printed = capsys.readouterr().out.split()
+    for ext in (".png", ".pdf"):
+        path = stem.with_name(kind + ext)
+        assert str(path) in printed and path.stat().st_size > 1000
+    assert stem.with_name(kind + ".png").read_bytes()[:4] == b"\x89PNG"
+    assert stem.with_name(kind + ".pdf").read_bytes()[:4] == b"%PDF"
+
+
+def test_default_output_beside_the_table_and_single_run(tmp_path, capsys):
+    run = tmp_path / "run"
+    run.mkdir()
+    _table(run / "metrics.csv", [{"round": r, "nll_mean": 2.0 / r} for r in range(1, 4)])
+    (run / "config.json").write_text(json.dumps({"step_size": 0.01, "seed": 0}))
+    (run / "summary.json").write_text(json.dumps({"status": "completed"}))
+    assert main(["plot", str(run / "metrics.csv"), "--kind", "rounds"]) == 0
+    assert (run / "plot-rounds-nll_mean.png").stat().st_size > 0
+    assert (run / "plot-rounds-nll_mean.pdf").stat().st_size > 0
+
+
+def test_rounds_to():
+    cell = [{"round": r, "w2": 1.0 / r, "accuracy": 0.1 * r} for r in range(1, 6)]
+    assert rounds_to(cell, "w2", 0.3) == 4
+    assert math.isnan(rounds_to(cell, "w2", 0.01))
+    assert rounds_to(cell, "accuracy", 0.3) == 3  # higher is better: reaches from below
+
+
+@pytest.mark.parametrize(
+    "extra, needle",
+    [
+        (["--kind", "rounds", "--metric", "nope"], "no column 'nope' in the table; available:"),
+        (["--kind", "versus", "--x", "rho"], "no column 'rho'"),
+        (["--kind", "rounds", "--hue", "K"], "no column 'K'"),
+        (["--kind", "rounds-to", "--metric", "w2"], "needs --threshold"),
+    ],
+)
+def test_bad_input_exits_2_with_one_line(results, tmp_path, capsys, extra, needle):
+    assert main(["plot", str(results), *extra, "--out", str(tmp_path / "f")]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("fedhmc plot: error:") and needle in err
+
+
+def test_missing_file_exits_2(tmp_path, capsys):
+    assert main(["plot", str(tmp_path / "none.csv"), "--kind", "rounds"]) == 2
+    assert "no such file" in capsys.readouterr().err
