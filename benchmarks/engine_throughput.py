@@ -42,8 +42,12 @@ def _time(fn, repeats: int) -> float:
     return statistics.median(times)
 
 
-def bench_shape(num_clients: int, batch: int, T: int, K: int, rounds: int, repeats: int):
-    cfg = RunConfig(num_clients=num_clients, batch_size=batch, partition="iid").resolve()
+def bench_shape(
+    num_clients: int, batch: int, T: int, K: int, rounds: int, repeats: int, dataset="digits"
+):
+    cfg = RunConfig(
+        dataset=dataset, num_clients=num_clients, batch_size=batch, partition="iid", chains=1
+    ).resolve()
     target = build_problem(cfg).target
     N, D = target.num_clients, target.dim
     settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
@@ -57,7 +61,7 @@ def bench_shape(num_clients: int, batch: int, T: int, K: int, rounds: int, repea
     X, y = target.X, target.y  # (N, n_max, F+1), (N, n_max)
     n_max, F1 = X.shape[1], X.shape[2]
     C = D // F1
-    b = min(batch, int(target.counts.min()))
+    b = min(batch, int(target.counts.min())) if batch > 0 else int(target.counts.min())
     cid = torch.arange(N).view(N, 1)
     gen = torch.Generator().manual_seed(0)
     steps = rounds * T * (K + 1)
@@ -92,7 +96,7 @@ def bench_shape(num_clients: int, batch: int, T: int, K: int, rounds: int, repea
     for name, fn in (("engine", engine), ("floor", floor), ("per-client", per_client)):
         res[name] = evals / _time(fn, repeats)
     return {
-        "shape": f"digits N={N} B={batch} D={D}",
+        "shape": f"{dataset} N={N} B={batch or 'full'} D={D}",
         **{f"{k}_evals_per_s": v for k, v in res.items()},
         "engine/floor": res["engine"] / res["floor"],
         "engine/per-client": res["engine"] / res["per-client"],
@@ -103,27 +107,42 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds (for CI)")
     ap.add_argument("--out", default=None, help="write the table as JSON here")
+    ap.add_argument(
+        "--fashion-mnist",
+        action="store_true",
+        help="also the Fashion-MNIST shape (N=10, B=1000; needs the data; minutes)",
+    )
     args = ap.parse_args(argv)
     torch.manual_seed(0)
+    plan = [(10, 32, "digits"), (100, 32, "digits")]
     if args.smoke:
-        plan, rounds, repeats = [(10, 32), (100, 32)], 1, 1
-        T, K = 2, 2
+        rounds, repeats, T, K = 1, 1, 2, 2
     else:
-        plan, rounds, repeats = [(10, 32), (100, 32)], 4, 5
-        T, K = 10, 10
-    rows = [bench_shape(n, b, T, K, rounds, repeats) for n, b in plan]
+        rounds, repeats, T, K = 4, 5, 10, 10
+        # The paper's simulated BLR: 20 clients × 50 points, d = 1000, full batch.
+        plan.append((20, 0, "blr-synthetic"))
+        if args.fashion_mnist:
+            plan.append((10, 1000, "fashion-mnist"))
+    rows = []
+    for n, b, ds in plan:
+        big = ds == "fashion-mnist"
+        rows.append(
+            bench_shape(
+                n, b, T if not big else 2, K, 1 if big else rounds, 2 if big else repeats, ds
+            )
+        )
     print(
         f"torch {torch.__version__}, {torch.get_num_threads()} threads; "
         f"T={T} K={K}; client-gradient evaluations per second (median of {repeats})"
     )
     head = (
-        f"{'shape':<26}{'engine':>11}{'floor':>11}{'per-client':>12}{'eng/floor':>11}"
+        f"{'shape':<32}{'engine':>11}{'floor':>11}{'per-client':>12}{'eng/floor':>11}"
         f"{'eng/loop':>10}"
     )
     print(head)
     for r in rows:
         print(
-            f"{r['shape']:<26}{r['engine_evals_per_s']:>11,.0f}{r['floor_evals_per_s']:>11,.0f}"
+            f"{r['shape']:<32}{r['engine_evals_per_s']:>11,.0f}{r['floor_evals_per_s']:>11,.0f}"
             f"{r['per-client_evals_per_s']:>12,.0f}{r['engine/floor']:>11.2f}"
             f"{r['engine/per-client']:>10.1f}"
         )
