@@ -77,6 +77,10 @@ def print_final_table(result) -> None:
         ("bytes total", f"{s.get('bytes_total', 0):,}"),
         ("output", str(result.config.out)),
     ]
+    diag = s.get("diagnostics")
+    if diag:
+        rows.insert(-1, ("R-hat max", f"{diag['rhat_max']:.3f} (split, across chains)"))
+        rows.insert(-1, ("ESS min", f"{diag['ess_min']:.1f} (median {diag['ess_median']:.1f})"))
     width = max(len(k) for k, _ in rows)
     print(
         f"fedhmc run: {result.config.dataset}, {result.config.algorithm}, "

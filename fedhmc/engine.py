@@ -106,6 +106,8 @@ def run_loop(
     totals = dict.fromkeys(ROUND_COLUMNS, 0)
     status = "running"
     bar = _progress(cfg.rounds, progress)
+    draws: list[torch.Tensor] = []
+    keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
     try:
         for r in range(1, cfg.rounds + 1):
             new_theta, stats = round_fn(theta_bar, r)
@@ -122,6 +124,9 @@ def run_loop(
             metrics = evaluator(theta_bar, collect)
             if collect and cfg.save_samples:
                 writer.add_sample(theta_bar)
+            if collect and keep_draws:
+                draws.append(theta_bar.detach().to("cpu", torch.float32).clone())
+                keep_draws = len(draws) * theta_bar.numel() <= DIAGNOSTICS_MAX_VALUES
             extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
             for k in ROUND_COLUMNS:
                 totals[k] += extra[k]
@@ -168,11 +173,29 @@ def run_loop(
             "num_clients": num_clients,
             "data": description,
             "backend": backend,
+            "diagnostics": _diagnostics(draws, keep_draws),
         }
         writer.write_samples()
         writer.write_summary(result.summary)
         writer.close()
     return result
+
+
+DIAGNOSTICS_MAX_VALUES = 20_000_000
+"""Collected θ̄ values kept in memory for R-hat / ESS (beyond that, no diagnostics)."""
+
+
+def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
+    """Split R-hat and ESS of the collected global samples across chains (None if fewer
+    than 4 samples, fewer than 2 chains, or too many values to keep)."""
+    if not complete or len(draws) < 4:
+        return None
+    from .mhmc import summarize
+
+    out = summarize(torch.stack(draws).to(torch.float64))
+    out["samples_per_chain"] = len(draws)
+    out["chains"] = int(draws[0].shape[0])
+    return out
 
 
 def prepare(cfg: RunConfig) -> RunConfig:

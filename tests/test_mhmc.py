@@ -114,3 +114,17 @@ def test_bad_reference_settings():
         mhmc(gaussian(), torch.zeros(2, 3), 0)
     with pytest.raises(ConfigError):
         mhmc(gaussian(), torch.zeros(2, 3), 5, target_accept=1.5)
+
+
+def test_run_summary_reports_rhat_and_ess_across_chains(tmp_path):
+    import json
+
+    from fedhmc.cli import main
+
+    args = ["run", "--rounds", "8", "--burn-in", "2", "--local-steps", "2", "--quiet"]
+    assert main([*args, "--chains", "3", "--out", str(tmp_path / "a")]) == 0
+    diag = json.loads((tmp_path / "a" / "summary.json").read_text())["diagnostics"]
+    assert diag["chains"] == 3 and diag["samples_per_chain"] == 6
+    assert diag["rhat_max"] >= 1.0 and diag["ess_min"] > 0
+    assert main([*args, "--chains", "1", "--out", str(tmp_path / "b")]) == 0
+    assert json.loads((tmp_path / "b" / "summary.json").read_text())["diagnostics"] is None
