@@ -605,6 +605,175 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     return summary
 
 
+# ---------------------------------------------------------------- simulated BLR
+def blr_reference(cfg, *, chains: int, warmup: int, samples: int, cache: Path | None = None):
+    """MHMC reference draws (chains·samples, D) of a blr-synthetic config's posterior, and
+    the sampler's info; cached as .npy/.json under ``cache`` keyed by the settings."""
+    import hashlib
+
+    import numpy as np
+
+    from .mhmc import mhmc, pooled_energy
+    from .problem import build_problem
+
+    key = json.dumps(
+        [
+            cfg.dataset,
+            cfg.model,
+            cfg.dim,
+            cfg.prior_std,
+            cfg.scaling,
+            cfg.seed,
+            cfg.temperature,
+            chains,
+            warmup,
+            samples,
+            "mhmc-v1",
+        ]
+    )
+    stem = "reference-" + hashlib.sha1(key.encode()).hexdigest()[:12]
+    if cache is not None and (cache / f"{stem}.npy").exists():
+        info = json.loads((cache / f"{stem}.json").read_text())
+        return torch.as_tensor(np.load(cache / f"{stem}.npy")), info
+    problem = build_problem(cfg.replace(dtype="float64"))
+    theta0 = torch.zeros(chains, problem.dim, dtype=torch.float64)
+    t0 = time.perf_counter()
+    draws, info = mhmc(
+        pooled_energy(problem.target),
+        theta0,
+        samples,
+        num_warmup=warmup,
+        leapfrog_steps=20,
+        step_size=0.05,
+        seed=cfg.seed,
+    )
+    info = {
+        "accept_rate": info["accept_rate"],
+        "step_size_mean": float(info["step_size"].mean()),
+        "divergences": info["divergences"],
+        "chains": chains,
+        "warmup": warmup,
+        "samples": samples,
+        "wall_s": time.perf_counter() - t0,
+    }
+    flat = draws.reshape(-1, problem.dim).to(torch.float32)
+    if cache is not None:
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp = cache / f"{stem}.tmp.npy"
+        np.save(tmp, flat.numpy())
+        tmp.replace(cache / f"{stem}.npy")
+        (cache / f"{stem}.json").write_text(json.dumps(info, indent=2))
+    return flat, info
+
+
+def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
+    import numpy as np
+
+    from .config import RunConfig
+    from .engine import run
+    from .metrics import marginal_error
+
+    budget = "quick" if quick else "full" if full else "reduced"
+    etas = {
+        "quick": [0.05, 0.1],
+        "reduced": [0.02, 0.05, 0.1],
+        "full": [0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
+    }[budget]
+    rounds, chains = {"quick": (6, 4), "reduced": (20, 8), "full": (200, 8)}[budget]
+    base = RunConfig(
+        dataset="blr-synthetic",
+        dim=dim,
+        num_clients=20,
+        partition="iid",
+        local_steps=10,
+        batch_size=0,
+        rounds=rounds,
+        burn_in=rounds // 2,
+        chains=chains,
+        seed=seed,
+        save_samples=True,
+    )
+    ref_sizes = {"quick": (4, 100, 50), "reduced": (8, 300, 200), "full": (16, 1000, 1000)}
+    rc, rw, rs = ref_sizes[budget]
+    from fedhmc_datasets.locate import cache_dir
+
+    reference, ref_info = blr_reference(
+        base.resolve(), chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
+    )
+    rows = []
+    for noise in noises:
+        for eta in etas:
+            for algo in ("fahmc", "fald"):
+                K = max(1, math.floor(math.pi / (3 * eta))) if algo == "fahmc" else 1
+                cell = out_dir / "cells" / f"{algo}-eta{eta:g}-noise{noise:g}"
+                cfg = base.replace(
+                    algorithm=algo,
+                    step_size=eta,
+                    grad_noise=noise,
+                    out=str(cell),
+                    leapfrog_steps=K if algo == "fahmc" else None,
+                )
+                t0 = time.perf_counter()
+                result = run(cfg, progress=False)
+                samples = torch.as_tensor(np.load(cell / "samples.npy"))
+                rows.append(
+                    {
+                        "algorithm": algo,
+                        "grad_noise": noise,
+                        "step_size": eta,
+                        "leapfrog_steps": K,
+                        "me": marginal_error(samples.reshape(-1, samples.shape[-1]), reference),
+                        "accuracy": result.final.get("accuracy"),
+                        "nll_mean": result.final.get("nll_mean"),
+                        "wall_s": time.perf_counter() - t0,
+                    }
+                )
+    summary = {
+        "experiment": name,
+        "budget": budget,
+        "dim": dim,
+        "clients": 20,
+        "T": 10,
+        "rounds": rounds,
+        "chains": chains,
+        "K_rule": "FA-HMC K = floor(pi / (3 eta)) at every eta (the paper tunes K above 0.01)",
+        "reference": ref_info,
+        "rows": rows,
+    }
+    file = name.replace("-", "_")
+    _write(out_dir, file, rows, summary)
+    fig = _figure(4.5 * len(noises), 3.6)
+    axes = fig.subplots(1, len(noises), squeeze=False)[0]
+    for ax, noise in zip(axes, noises, strict=True):
+        for algo, label in (("fahmc", "FA-HMC"), ("fald", "FA-LD")):
+            sel = [r for r in rows if r["algorithm"] == algo and r["grad_noise"] == noise]
+            ax.plot([r["step_size"] for r in sel], [r["me"] for r in sel], "o-", label=label)
+        ax.set_xscale("log")
+        ax.set_xlabel("step size η")
+        ax.set_ylabel("marginal error (ME)")
+        ax.set_title(
+            f"d = {dim}, {'exact' if noise == 0 else f'σ_g = {noise:g}'} gradients", fontsize=9
+        )
+        ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out_dir / f"{file}.png", dpi=120)
+    return summary
+
+
+def blr_eta(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """FA-HMC (K = ⌊π/(3η)⌋) against FA-LD over η on the simulated BLR (the paper's
+    Figure 1a, b): d = 1000, n = 1000 over 20 clients, T = 10, exact gradients and gradients
+    + N(0, 100) noise. The marginal error is against Metropolis-adjusted HMC draws on the
+    pooled data (cached). Reduced default: η ∈ {0.02, 0.05, 0.1}, 20 rounds, 8 chains, the
+    samples of the last 10 rounds; ``--full``: η from 0.002, 200 rounds."""
+    return _blr_eta("blr-eta", out_dir, quick, seed, full, 20 if quick else 1000, (0.0, 10.0))
+
+
+def blr_d10(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+    """``blr-eta`` at d = 10 with stochastic gradients (the paper's Figure 1d)."""
+    return _blr_eta("blr-d10", out_dir, quick, seed, full, 10, (10.0,))
+
+
 # ------------------------------------------------------------------------- registry
 EXPERIMENTS: dict[str, tuple[Callable, str]] = {
     "debiased-gaussian": (
@@ -615,6 +784,8 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
         gaussian_dim,
         "heterogeneous Gaussian: rounds to reach W₂² < 0.1 against dimension (Figure 2)",
     ),
+    "blr-eta": (blr_eta, "simulated BLR: ME of FA-HMC and FA-LD against η (Figure 1a, b)"),
+    "blr-d10": (blr_d10, "simulated BLR, d = 10: ME against η (Figure 1d)"),
     "fmnist-K": (fmnist_k, "Fashion-MNIST logistic regression, K ∈ {1, 10, 50, 100} at T = 50"),
     "fmnist-T": (
         fmnist_t,

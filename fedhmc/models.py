@@ -66,6 +66,38 @@ class LogisticRegression:
         grad = torch.matmul(X.transpose(-1, -2), resid)  # (M, F+1, C)
         return grad.reshape(theta.shape), nll
 
+    def shared_loss_grad(
+        self,
+        theta: torch.Tensor,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        sw: torch.Tensor,
+        need_value: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """:meth:`loss_grad` when every chain sees the same data (full batch).
+
+        θ is (S, N, D) and X (N, n, F+1): the chains become extra columns of each client's
+        weight matrix, so X is read once per client instead of being copied per chain.
+        Returns the gradient (S, N, D) and the weighted NLL (S, N).
+        """
+        S, N, _ = theta.shape
+        F1, C = self.num_features + 1, self.num_classes
+        W = theta.reshape(S, N, F1, C).permute(1, 2, 0, 3).reshape(N, F1, S * C)
+        logits = torch.bmm(X, W).view(N, -1, S, C)  # (N, n, S, C)
+        yy = y.view(N, -1, 1, 1).expand(N, y.shape[1], S, 1)
+        nll = None
+        if need_value:
+            logp = torch.log_softmax(logits, dim=-1)
+            nll = -(logp.gather(-1, yy).squeeze(-1) * sw.unsqueeze(-1)).sum(1).T  # (S, N)
+            resid = logp.exp_()
+        else:
+            resid = torch.softmax(logits, dim=-1)
+        resid.scatter_add_(-1, yy, torch.full_like(resid[..., :1], -1.0))
+        resid.mul_(sw.view(N, -1, 1, 1))
+        grad = torch.bmm(X.transpose(1, 2), resid.view(N, -1, S * C))  # (N, F1, S·C)
+        grad = grad.view(N, F1, S, C).permute(2, 0, 1, 3).reshape(S, N, F1 * C)
+        return grad, nll
+
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(torch.matmul(X, self._weights(theta)), dim=-1)
 

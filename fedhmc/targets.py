@@ -176,6 +176,9 @@ class DataTarget:
             (S, N, D) and (S, N) (or None): the minibatch estimates of ∇f^(c) and f^(c).
         """
         S, N, D = theta.shape
+        if self.full_batch and hasattr(self.model, "shared_loss_grad"):
+            g, nll = self.model.shared_loss_grad(theta, self.X, self.y, self._full_sw, need_energy)
+            return self._add_prior(theta, g, nll, need_energy)
         X, y, sw = self._batch(keys, index, S)
         rows = S * N
         g, nll = self.model.loss_grad(
@@ -187,6 +190,9 @@ class DataTarget:
         )
         g = g.view(S, N, D)
         energy = nll.view(S, N) if need_energy else None
+        return self._add_prior(theta, g, energy, need_energy)
+
+    def _add_prior(self, theta, g, energy, need_energy):
         if math.isfinite(self.prior_std):
             prec = 1.0 / (self.prior_std**2)
             g = g.add_(theta, alpha=prec)

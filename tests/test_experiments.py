@@ -74,3 +74,25 @@ def test_fmnist_k_quick_writes_and_resumes(tmp_path):
 def test_full_and_quick_exclude_each_other(tmp_path, capsys):
     assert main(["experiment", "gaussian-dim", "--quick", "--full", "--out", str(tmp_path)]) == 2
     assert "--full" in capsys.readouterr().err
+
+
+def test_blr_eta_quick_caches_its_reference(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    assert main(["experiment", "blr-eta", "--quick", "--out", str(tmp_path / "a")]) == 0
+    summary = json.loads((tmp_path / "a" / "blr_eta.json").read_text())
+    assert {r["algorithm"] for r in summary["rows"]} == {"fahmc", "fald"}
+    assert all(r["me"] > 0 and math.isfinite(r["me"]) for r in summary["rows"])
+    assert 0.5 < summary["reference"]["accept_rate"] < 1.0
+    cached = list((tmp_path / "cache" / "reference").glob("*.npy"))
+    assert len(cached) == 1
+    stamp = cached[0].stat().st_mtime_ns
+    from fedhmc.config import RunConfig
+    from fedhmc.experiments import blr_reference
+
+    cfg = RunConfig(dataset="blr-synthetic", dim=20, num_clients=20, partition="iid").resolve()
+    draws, info = blr_reference(
+        cfg, chains=4, warmup=100, samples=50, cache=tmp_path / "cache" / "reference"
+    )
+    assert draws.shape == (200, 42) and info == summary["reference"]
+    assert cached[0].stat().st_mtime_ns == stamp  # it came from the cache
+    assert (tmp_path / "a" / "blr_eta.png").stat().st_size > 1000
