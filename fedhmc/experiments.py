@@ -822,6 +822,9 @@ def add_experiment_command(sub) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     p.add_argument("--list", action="store_true", help="list the experiments")
+    p.add_argument(
+        "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
+    )
     p.set_defaults(func=cmd_experiment)
 
 
@@ -836,6 +839,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         out.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"--out {out} is not writable ({e.strerror}); choose another") from None
+    if args.data_dir:
+        import os
+
+        os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
     fn, _ = EXPERIMENTS[args.name]
     kwargs = {"quick": args.quick, "seed": args.seed}
     if args.full:

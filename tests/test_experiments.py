@@ -96,3 +96,13 @@ def test_blr_eta_quick_caches_its_reference(tmp_path, monkeypatch):
     assert draws.shape == (200, 42) and info == summary["reference"]
     assert cached[0].stat().st_mtime_ns == stamp  # it came from the cache
     assert (tmp_path / "a" / "blr_eta.png").stat().st_size > 1000
+
+
+def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypatch):
+    monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEDHMC_DATA", raising=False)
+    where = tmp_path / "nowhere"
+    args = ["experiment", "kmnist", "--quick", "--data-dir", str(where), "--out", str(tmp_path)]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and str(where) in err[0] and "--download" in err[0]
