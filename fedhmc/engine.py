@@ -190,7 +190,7 @@ def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
     than 4 samples, fewer than 2 chains, or too many values to keep)."""
     if not complete or len(draws) < 4:
         return None
-    from .mhmc import summarize
+    from .diagnostics import summarize
 
     out = summarize(torch.stack(draws).to(torch.float64))
     out["samples_per_chain"] = len(draws)

@@ -1,5 +1,4 @@
-"""Metropolis-adjusted HMC on the pooled data: the reference sampler (ALGORITHMS.md §6),
-and split R-hat / effective sample size across chains.
+"""Metropolis-adjusted HMC on the pooled data: the reference sampler (ALGORITHMS.md §6).
 
 The reference runs S chains at once with full-batch gradients of the pooled energy
 f = Σ_c w_c f^(c) (the full-data negative log posterior), K leapfrog steps per proposal and
@@ -9,11 +8,8 @@ a target acceptance rate (0.8 by default), then freezes it; during sampling the 
 jittered uniformly by ±10 % per proposal so that no trajectory length resonates with the
 target. Randomness is counter-based (:mod:`fedhmc.rng`), keyed by (seed, chain, iteration).
 
-Diagnostics are our own short functions rather than ArviZ: ArviZ is not installed here, it
-would add a heavy dependency for two formulas, and the formulas are tested on known cases.
-``split_rhat`` is the split-R̂ of Gelman et al. (BDA3, §11.4); ``ess`` is the bulk effective
-sample size with Geyer's initial monotone sequence on the chains' FFT autocorrelations,
-combined across chains as in Stan (Vehtari et al. 2021, without rank normalisation).
+The diagnostics across chains (rank-normalised split R̂ and bulk ESS) live in
+:mod:`fedhmc.diagnostics` and are re-exported here.
 """
 
 from __future__ import annotations
@@ -24,7 +20,10 @@ from collections.abc import Callable
 import torch
 
 from . import rng
+from .diagnostics import ess, split_rhat, summarize
 from .errors import ConfigError
+
+__all__ = ["EnergyGrad", "ess", "mhmc", "pooled_energy", "split_rhat", "summarize"]
 
 EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``energy_grad(theta (S, D)) -> (U (S,), ∇U (S, D))``."""
@@ -156,61 +155,3 @@ def mhmc(
         "target_accept": target_accept,
     }
     return samples, info
-
-
-# ------------------------------------------------------------------ diagnostics
-def _as_3d(x) -> torch.Tensor:
-    t = torch.as_tensor(x, dtype=torch.float64)
-    if t.dim() == 2:
-        t = t.unsqueeze(-1)
-    if t.dim() != 3 or t.shape[0] < 4 or t.shape[1] < 1:
-        raise ValueError("diagnostics need draws of shape (draws ≥ 4, chains[, D])")
-    return t
-
-
-def split_rhat(x) -> torch.Tensor:
-    """Split R̂ per coordinate of draws (n, chains[, D]): each chain is cut in two halves."""
-    t = _as_3d(x)
-    n = t.shape[0] // 2
-    halves = torch.cat([t[:n], t[-n:]], dim=1)  # (n, 2·chains, D)
-    means = halves.mean(0)
-    B = n * means.var(0, unbiased=True)
-    W = halves.var(0, unbiased=True).mean(0)
-    var_plus = (n - 1) / n * W + B / n
-    return torch.sqrt(var_plus / W)
-
-
-def ess(x) -> torch.Tensor:
-    """Effective sample size per coordinate of draws (n, chains[, D]).
-
-    Autocorrelations per chain by FFT, combined across chains (Stan's formula), summed in
-    pairs until the first negative pair sum (Geyer's initial positive sequence), made
-    monotone (initial monotone sequence).
-    """
-    t = _as_3d(x)
-    n, m, _ = t.shape
-    centred = t - t.mean(0, keepdim=True)
-    size = 1 << (2 * n - 1).bit_length()
-    f = torch.fft.rfft(centred, n=size, dim=0)
-    acov = torch.fft.irfft(f * f.conj(), n=size, dim=0)[:n] / n  # (n, m, D)
-    chain_var = acov[0] * n / (n - 1)
-    W = chain_var.mean(0)
-    B_over_n = t.mean(0).var(0, unbiased=True) if m > 1 else torch.zeros_like(W)
-    var_plus = (n - 1) / n * W + B_over_n
-    rho = 1.0 - (W - acov.mean(1)) / var_plus  # (n, D)
-    rho[0] = 1.0
-    pairs = rho[0 : n - 1 : 2] + rho[1:n:2]  # Γ_k = ρ_2k + ρ_2k+1, (P, D)
-    keep = torch.cumprod((pairs > 0).to(torch.int64), 0).bool()  # up to the first Γ_k ≤ 0
-    mono = torch.cummin(torch.where(keep, pairs, torch.full_like(pairs, math.inf)), 0).values
-    tau = -1.0 + 2.0 * torch.where(keep, mono, torch.zeros_like(mono)).sum(0)
-    return m * n / torch.clamp(tau, min=1.0 / math.log10(max(m * n, 10)))
-
-
-def summarize(samples) -> dict:
-    """Max split R̂ and min / median ESS over coordinates of draws (n, chains[, D])."""
-    r, e = split_rhat(samples), ess(samples)
-    return {
-        "rhat_max": float(r.max()),
-        "ess_min": float(e.min()),
-        "ess_median": float(e.median()),
-    }
