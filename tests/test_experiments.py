@@ -106,3 +106,27 @@ def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypa
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(where) in err[0] and "--download" in err[0]
+
+
+def test_rounds_to_reach():
+    from fedhmc.experiments import rounds_to_reach
+
+    assert rounds_to_reach([0.5, 0.3, 0.2, 0.25], 0.3) == 2
+    assert rounds_to_reach([0.5, 0.4], 0.3) is None
+    assert rounds_to_reach([0.1], 0.3) == 1
+
+
+def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    assert main(["experiment", "blr-T", "--quick", "--out", str(tmp_path / "t")]) == 0
+    summary = json.loads((tmp_path / "t" / "blr_T.json").read_text())
+    rows = summary["rows"]
+    assert [r["T"] for r in rows] == [1, 10]
+    assert rows[0]["rounds_run"] == 20 and rows[1]["rounds_run"] == 2
+    eps = summary["epsilons"]
+    assert eps == sorted(eps) and eps[0] >= min(r["me_min"] for r in rows)
+    # The T that reached the lowest ME reaches every ε, at most as late as it ran.
+    best = min(rows, key=lambda r: r["me_min"])
+    assert all(1 <= best[f"rounds_eps{i}"] <= best["rounds_run"] for i in range(len(eps)))
+    assert (tmp_path / "t" / "blr_T.png").stat().st_size > 1000
+    assert (tmp_path / "t" / "blr_T_curves.csv").exists()
