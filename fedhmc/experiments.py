@@ -912,7 +912,13 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
 
 
 # ------------------------------------------------------------------------- registry
+from .delayed import delayed_sgld_experiment  # noqa: E402 (the preset lives in its module)
+
 EXPERIMENTS: dict[str, tuple[Callable, str]] = {
+    "delayed-sgld": (
+        delayed_sgld_experiment,
+        "Kungurtsev et al. §3.2: shared-memory delayed SGLD (sync, w-con, w-icon), W₂ vs time",
+    ),
     "debiased-gaussian": (
         debiased_gaussian,
         "bias of plain vs debiased FA-HMC on the heterogeneous Gaussian, T ∈ {10, 50, 200}",
