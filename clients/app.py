@@ -10,6 +10,10 @@ Message contract (see ``fedhmc_server.loop``):
   ``arrays["anchor"]`` (θ_a) and ``arrays["anchor-grad"]`` (∇f(θ_a)) with
   ``config["anchor-round"]``; the reply adds ``arrays["grad"]``, the client's local
   gradient at the θ̄ it was sent.
+- ``query.grad`` (``algorithm = async-sghmc`` or ``async-sgld``) with ``arrays["theta"]``
+  (one chain's θ, d) and ``config`` (chain, request counter, n, batch size, prior, gradient
+  noise) → reply ``arrays["grad"]`` (∇f̃^(c)(θ), d) and ``metrics``: ``num-examples``,
+  ``partition-id``.
 
 ``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
 partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
@@ -18,7 +22,13 @@ config to draw its private noise from a seed nobody else knows.
 
 from __future__ import annotations
 
-from fedhmc_clients.task import anchor_step, client_config, local_update, num_examples
+from fedhmc_clients.task import (
+    anchor_step,
+    async_gradient,
+    client_config,
+    local_update,
+    num_examples,
+)
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -66,6 +76,20 @@ def handle_train(msg: Message, context: Context, run_config: dict | None = None)
     return Message(content, reply_to=msg)
 
 
+def handle_grad(msg: Message, context: Context, run_config: dict | None = None) -> Message:
+    cfg, pid = _identity(context, run_config)
+    theta = msg.content["arrays"]["theta"].numpy()
+    seed = context.node_config.get("private-seed")
+    grad, n_c = async_gradient(cfg, pid, theta, dict(msg.content["config"]), seed)
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"grad": Array(grad)}),
+            "metrics": MetricRecord({"num-examples": n_c, "partition-id": pid}),
+        }
+    )
+    return Message(content, reply_to=msg)
+
+
 def make_client_app(run_config: dict | None = None) -> ClientApp:
     """A ClientApp whose run config is ``run_config`` over the context's (for simulation,
     where Flower's in-process runner passes no run config)."""
@@ -78,6 +102,10 @@ def make_client_app(run_config: dict | None = None) -> ClientApp:
     @client.train()
     def train(msg: Message, context: Context) -> Message:
         return handle_train(msg, context, run_config)
+
+    @client.query("grad")
+    def grad(msg: Message, context: Context) -> Message:
+        return handle_grad(msg, context, run_config)
 
     return client
 

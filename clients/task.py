@@ -166,3 +166,35 @@ def anchor_step(
 def num_examples(cfg: RunConfig, partition_id: int) -> int:
     """n_c of this client's partition."""
     return partition_target(cfg, partition_id)[1]
+
+
+_WORKER_TARGETS: dict[tuple, tuple] = {}
+
+
+def async_gradient(
+    cfg: RunConfig, partition_id: int, theta, config: dict, private_seed: int | None
+):
+    """async-sghmc/sgld: this worker's stochastic gradient at the θ (D,) it was sent.
+
+    ``config`` carries the chain, the request counter (which selects the minibatch), n and
+    the settings the gradient depends on; see :func:`fedhmc.async_sgmcmc.worker_gradient`.
+    Returns (gradient as a numpy array of the run's dtype, n_c).
+    """
+    from fedhmc.async_sgmcmc import worker_gradient, worker_key, worker_target
+
+    cfg = cfg.replace(batch_size=int(config["batch-size"]), prior_std=float(config["prior-std"]))
+    num_total = int(config["num-examples-total"])
+    key = (cfg, partition_id, num_total)
+    if key not in _WORKER_TARGETS:
+        _WORKER_TARGETS.clear()  # one run's target per process
+        _WORKER_TARGETS[key] = worker_target(cfg, partition_id, num_total)
+    target, n_c = _WORKER_TARGETS[key]
+    seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
+    g = worker_gradient(
+        target,
+        torch.as_tensor(theta).to(torch_dtype(cfg)),
+        worker_key(seed, int(config["chain"])),
+        int(config["request"]),
+        float(config["grad-noise"]),
+    )
+    return g.numpy(), n_c

@@ -20,8 +20,9 @@ from dataclasses import dataclass, field, fields
 
 from .errors import ConfigError
 
-ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld")
+ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld", "async-sghmc", "async-sgld")
 STALE_ALGORITHMS = ("sghmc", "sgld")
+ASYNC_ALGORITHMS = ("async-sghmc", "async-sgld")
 STALENESS_DISTS = ("fixed", "uniform")
 MODELS = ("logistic", "mlp")
 BACKENDS = ("engine", "flower")
@@ -59,7 +60,8 @@ class RunConfig:
     algorithm: str = _f(
         "fahmc",
         "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate); "
-        "sghmc or sgld (stale-gradient SG-MCMC on the pooled data)",
+        "sghmc or sgld (stale-gradient SG-MCMC on the pooled data); async-sghmc or async-sgld "
+        "(asynchronous distributed SG-MCMC on Flower: --chains servers, --num-clients workers)",
         choices=ALGORITHMS,
     )
     local_steps: int = _f(10, "T: local iterations per communication round")
@@ -77,6 +79,12 @@ class RunConfig:
         "fixed", "sghmc/sgld: τ_l = τ (fixed) or uniform on {0, …, τ}", choices=STALENESS_DISTS
     )
     friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
+    max_staleness: int = _f(
+        10, "async-sghmc/sgld: drop a gradient staler than this many server updates"
+    )
+    max_worker_failures: int = _f(
+        3, "async-sghmc/sgld: retire a worker after this many failed replies in a row"
+    )
     grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
     temperature: float = _f(1.0, "posterior temperature τ: the target is exp(−f/τ)")
@@ -176,18 +184,28 @@ class RunConfig:
             k = 1
         eta = self.step_size
         friction = self.friction
-        if self.algorithm in STALE_ALGORITHMS:
+        chains = self.chains
+        if self.algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
             if k not in (None, 1):
                 raise ConfigError(
                     f"--algorithm {self.algorithm} has no leapfrog steps, but "
                     f"--leapfrog-steps is {k}; drop it (--local-steps sets the steps per round)"
                 )
             k = 1
+            method = self.algorithm.removeprefix("async-")
             if eta is None:  # SGLD's h matches FA-LD's learning rate η²/2
-                eta = d["step_size"] if self.algorithm == "sghmc" else d["step_size"] ** 2 / 2
+                eta = d["step_size"] if method == "sghmc" else d["step_size"] ** 2 / 2
             if friction is None:
-                friction = 0.1 / eta if self.algorithm == "sghmc" else 0.0
-            if self.dataset != "gaussian-hetero":  # the pooled data: one "client"
+                friction = 0.1 / eta if method == "sghmc" else 0.0
+            if self.algorithm in ASYNC_ALGORITHMS:
+                if self.staleness:
+                    raise ConfigError(
+                        f"--staleness is synthetic staleness for sghmc/sgld; {self.algorithm} "
+                        "measures its own: drop --staleness (--max-staleness bounds it)"
+                    )
+                if chains is None:  # one server per chain, each with its own workers
+                    chains = 1
+            elif self.dataset != "gaussian-hetero":  # the pooled data: one "client"
                 self = self.replace(num_clients=1, partition="iid")
         elif self.staleness or self.friction is not None:
             raise ConfigError(
@@ -200,7 +218,7 @@ class RunConfig:
             friction=friction,
             batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
             prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
-            chains=d["chains"] if self.chains is None else self.chains,
+            chains=d["chains"] if chains is None else chains,
             dim=d["dim"] if self.dim is None else self.dim,
             burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
             scaling=(
@@ -238,6 +256,21 @@ class RunConfig:
         need(
             not (self.backend == "flower" and self.algorithm in STALE_ALGORITHMS),
             f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
+        )
+        need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
+        need(
+            self.max_worker_failures >= 1,
+            f"--max-worker-failures must be ≥ 1, got {self.max_worker_failures}",
+        )
+        need(
+            not (
+                self.algorithm in ASYNC_ALGORITHMS
+                and self.chains is not None
+                and self.chains > self.num_clients
+            ),
+            f"--algorithm {self.algorithm} gives each of the --chains {self.chains} servers "
+            f"its own workers, but --num-clients is {self.num_clients}; "
+            "use --num-clients ≥ --chains",
         )
         fr = self.friction
         need(

@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from .config import STALE_ALGORITHMS, RunConfig
-from .errors import NonFiniteError
+from .config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
+from .errors import ConfigError, NonFiniteError
 from .output import RunWriter
 from .problem import Problem, build_problem, bytes_per_round, initial_position
 from .sampler import SamplerSettings, debiased_round, run_round
@@ -224,6 +224,11 @@ def run(
         Called with each round's metrics row.
     """
     cfg = prepare(cfg)
+    if cfg.algorithm in ASYNC_ALGORITHMS:
+        raise ConfigError(
+            f"--algorithm {cfg.algorithm} is a protocol between a server and Flower workers; "
+            "add --backend flower (or use --algorithm sghmc/sgld for the in-process sampler)"
+        )
     device = torch.device(cfg.device)
     if problem is None:
         problem = build_problem(cfg, device=device)

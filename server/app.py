@@ -2,15 +2,18 @@
 
 Settings come from the run config: ``[tool.flwr.app.config]`` in pyproject.toml, with
 ``--run-config "k=v ..."`` overrides, parsed by the same RunConfig as ``fedhmc run``.
+``algorithm = "async-sghmc"`` or ``"async-sgld"`` selects the asynchronous mode
+(:mod:`fedhmc_server.async_loop`); every other algorithm runs :mod:`fedhmc_server.loop`.
 """
 
 from __future__ import annotations
 
+from fedhmc_server.async_loop import serve_async
 from fedhmc_server.loop import serve
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhmc.config import RunConfig
+from fedhmc.config import ASYNC_ALGORITHMS, RunConfig
 
 
 def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) -> ServerApp:
@@ -22,7 +25,8 @@ def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) ->
     def main(grid: Grid, context: Context) -> None:
         run_cfg = cfg if cfg is not None else RunConfig.from_mapping(dict(context.run_config))
         try:
-            out = serve(grid, run_cfg, progress=result is not None)
+            body = serve_async if run_cfg.algorithm in ASYNC_ALGORITHMS else serve
+            out = body(grid, run_cfg, progress=result is not None)
         except Exception as e:  # handed to the caller, which reports it on one line
             if result is None:
                 raise

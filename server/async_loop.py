@@ -1,0 +1,300 @@
+"""Asynchronous distributed SG-MCMC on Flower: the ServerApp body for ``async-sghmc`` and
+``async-sgld`` (Chen et al. 2016, Appendix A, Algorithm 2; ALGORITHMS.md §5).
+
+S = ``--chains`` servers (independent chains), W workers (the SuperNodes), worker i serving
+chain i mod S. The server sends every worker θ of its chain with ``push_messages``; from
+then on it polls ``pull_messages`` and applies each gradient as soon as it arrives
+(:class:`fedhmc.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
+then sends the new θ to that worker only. A gradient staler than ``--max-staleness`` server
+updates is dropped. A "round" of the output is ``--local-steps`` updates of every chain:
+θ of every chain at that timestamp goes through the engine's :func:`fedhmc.engine.run_loop`
+(burn-in, thinning, metrics, files), so the files are those of ``fedhmc run``, plus
+``staleness.csv`` and ``workers.csv`` and an ``async`` block in ``summary.json``.
+
+Failures. An error reply (a ClientApp that raised) or an invalid one is counted and the
+worker is sent θ again, until ``--max-worker-failures`` failures in a row retire it. A
+request with no reply within ``--round-timeout`` seconds is counted as lost and its worker
+retired (it may hang; another message would only queue behind it). A chain left with no
+worker stops the run with a clear message. At the end, requests in flight are abandoned.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import logging
+import time
+from pathlib import Path
+
+import torch
+from fedhmc_server.loop import query_sizes, wait_for_nodes
+from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
+from flwr.serverapp import Grid
+
+from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, pooled_histogram, staleness_rows
+from fedhmc.config import RunConfig
+from fedhmc.engine import RoundStats, RunResult, prepare, run_loop
+from fedhmc.errors import ConfigError, FedHMCError
+from fedhmc.problem import build_evaluator, initial_position, torch_dtype
+from fedhmc.sgmcmc import chain_keys
+
+log = logging.getLogger("fedhmc.server")
+
+GRAD_MESSAGE = "query.grad"
+POLL_S = 0.005
+"""Seconds between polls of the grid when nothing has arrived."""
+
+
+class AsyncServer:
+    """The S chains, their workers, and the requests in flight."""
+
+    def __init__(self, grid: Grid, cfg: RunConfig, theta0: torch.Tensor, sizes: dict):
+        self.grid, self.cfg = grid, cfg
+        self.sizes = sizes
+        self.dtype = torch_dtype(cfg)
+        self.num_total = sum(n for _, n in sizes.values())
+        settings = AsyncSettings.from_config(cfg)
+        keys = chain_keys(cfg.seed, cfg.chains)
+        self.chains = [
+            AsyncChain(theta0[s], settings, keys[s : s + 1], snapshot_every=cfg.local_steps)
+            for s in range(cfg.chains)
+        ]
+        by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])
+        self.assign = {nid: i % cfg.chains for i, nid in enumerate(by_partition)}
+        self.requests = dict.fromkeys(sizes, 0)  # per worker: requests sent (minibatch index)
+        self.inflight: dict[str, tuple[int, int, int, float]] = {}  # id → (node, chain, t, time)
+        self.round_counts = dict.fromkeys(("grads", "failed", "bytes_down", "bytes_up"), 0)
+        self.rejected = 0
+        self.updates_t0: float | None = None
+
+    # ------------------------------------------------------------------ messages
+    def _config(self, nid: int, chain: int, t: int) -> ConfigRecord:
+        cfg = self.cfg
+        return ConfigRecord(
+            {
+                "algorithm": str(cfg.algorithm),
+                "chain": int(chain),
+                "timestamp": int(t),
+                "request": int(self.requests[nid]),
+                "num-examples-total": int(self.num_total),
+                "batch-size": int(cfg.batch_size),
+                "prior-std": float(cfg.prior_std),
+                "grad-noise": float(cfg.grad_noise),
+            }
+        )
+
+    def send(self, nids: list[int]) -> None:
+        """Send each worker θ of its chain (one push for all)."""
+        msgs, meta = [], []
+        for nid in nids:
+            s = self.assign[nid]
+            theta, t = self.chains[s].send(nid)
+            content = RecordDict(
+                {
+                    "arrays": ArrayRecord({"theta": Array(theta.detach().cpu().numpy())}),
+                    "config": self._config(nid, s, t),
+                }
+            )
+            self.requests[nid] += 1
+            self.round_counts["bytes_down"] += sum(r.count_bytes() for r in content.values())
+            msgs.append(
+                Message(content, dst_node_id=nid, message_type=GRAD_MESSAGE, group_id=str(s))
+            )
+            meta.append((nid, s, t))
+        ids = list(self.grid.push_messages(msgs))
+        now = time.monotonic()
+        for (nid, s, t), mid in zip(meta, ids + [None] * (len(meta) - len(ids)), strict=True):
+            if mid is None:  # the SuperLink refused it: a failure of that worker
+                log.warning("worker %s: message could not be pushed", nid)
+                self._failed(nid, s, lost=False, why="push failed")
+            else:
+                self.inflight[str(mid)] = (nid, s, t, now)
+
+    def _failed(self, nid: int, s: int, lost: bool, why: str) -> None:
+        self.round_counts["failed"] += 1
+        retired = self.chains[s].fail(nid, lost, self.cfg.max_worker_failures)
+        pid = self.sizes[nid][0]
+        if retired:
+            log.warning("worker %s (partition %s, chain %d) retired: %s", nid, pid, s, why)
+        else:
+            log.warning("worker %s (partition %s, chain %d): %s; re-sent θ", nid, pid, s, why)
+            self.send([nid])
+
+    def _gradient(self, rep: Message, shape: tuple[int, ...]) -> torch.Tensor:
+        """The reply's gradient, validated; raises ValueError with the reason."""
+        arrays = rep.content["arrays"]
+        if "grad" not in arrays:
+            raise ValueError("missing arrays['grad']")
+        g = torch.as_tensor(arrays["grad"].numpy())
+        if tuple(g.shape) != shape:
+            raise ValueError(f"gradient of shape {tuple(g.shape)}, expected {shape}")
+        if g.dtype != self.dtype:
+            raise ValueError(f"gradient of dtype {g.dtype}, expected {self.dtype}")
+        if not torch.isfinite(g).all():
+            raise ValueError("non-finite gradient")
+        return g
+
+    def handle(self, rep: Message) -> None:
+        mid = rep.metadata.reply_to_message_id
+        if mid not in self.inflight:
+            return  # a reply to a request already counted as lost
+        nid, s, t, _ = self.inflight.pop(mid)
+        chain = self.chains[s]
+        if rep.has_error() or not rep.has_content():
+            why = f"error {rep.error.code}: {rep.error.reason}" if rep.has_error() else "empty"
+            self._failed(nid, s, False, why)
+            return
+        self.round_counts["bytes_up"] += sum(r.count_bytes() for r in rep.content.values())
+        try:
+            g = self._gradient(rep, tuple(chain.theta.shape))
+        except (KeyError, TypeError, ValueError) as e:
+            self.rejected += 1
+            self._failed(nid, s, False, f"rejected reply: {e}")
+            return
+        self.round_counts["grads"] += 1
+        if self.updates_t0 is None:
+            self.updates_t0 = time.perf_counter()
+        chain.receive(nid, g, t)
+        self.send([nid])
+
+    def poll(self) -> int:
+        """Apply what has arrived, expire lost requests; the number of replies handled."""
+        replies = list(self.grid.pull_messages(list(self.inflight))) if self.inflight else []
+        for rep in replies:
+            self.handle(rep)
+        now = time.monotonic()
+        for mid, (nid, s, _, sent) in list(self.inflight.items()):
+            if now - sent > self.cfg.round_timeout:
+                del self.inflight[mid]
+                self._failed(nid, s, True, f"no reply within {self.cfg.round_timeout:g} s")
+        return len(replies)
+
+    def advance_to(self, r: int) -> None:
+        """Run until every chain has applied r × local-steps updates."""
+        while True:
+            pending = [c for c in self.chains if r not in c.snapshots]
+            if not pending:
+                return
+            for s, c in enumerate(self.chains):
+                if r not in c.snapshots and not c.active_workers():
+                    raise FedHMCError(
+                        f"chain {s} has no worker left after {c.t} updates (every worker "
+                        "failed or timed out; see the log); start more SuperNodes or raise "
+                        "--round-timeout or --max-worker-failures"
+                    )
+            if not self.poll():
+                time.sleep(POLL_S)
+
+    # ------------------------------------------------------------------ outputs
+    def report(self, wall_s: float) -> dict:
+        workers, lost, errors = [], 0, 0
+        for nid, s in sorted(self.assign.items(), key=lambda kv: self.sizes[kv[0]][0]):
+            st = self.chains[s].worker(nid)
+            lost += st.lost
+            errors += st.errors
+            workers.append(
+                {
+                    "node": int(nid),
+                    "partition": int(self.sizes[nid][0]),
+                    "chain": s,
+                    "applied": st.applied,
+                    "dropped": st.dropped,
+                    "errors": st.errors,
+                    "lost": st.lost,
+                    "retired": st.retired,
+                }
+            )
+        updates = [c.t for c in self.chains]
+        span = time.perf_counter() - self.updates_t0 if self.updates_t0 else wall_s
+        abandoned = len(self.inflight)
+        return {
+            "servers": len(self.chains),
+            "workers": len(self.assign),
+            "updates": updates,
+            "updates_per_s": sum(updates) / max(span, 1e-9),
+            "max_staleness": int(self.cfg.max_staleness),
+            "staleness_histogram": {str(k): v for k, v in pooled_histogram(self.chains).items()},
+            "dropped_stale": sum(c.dropped for c in self.chains),
+            "errors": errors,
+            "rejected": self.rejected,
+            "lost": lost,
+            "abandoned_in_flight": abandoned,
+            "missing": errors + lost + abandoned,
+            "per_worker": workers,
+        }
+
+    def write(self, out: str, report: dict) -> None:
+        out_dir = Path(out)
+        with open(out_dir / "staleness.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, ["chain", "staleness", "received", "applied", "dropped"])
+            w.writeheader()
+            w.writerows(staleness_rows(self.chains))
+        cols = ["node", "partition", "chain", "applied", "dropped", "errors", "lost", "retired"]
+        with open(out_dir / "workers.csv", "w", newline="") as f:
+            w = csv.DictWriter(f, cols)
+            w.writeheader()
+            w.writerows(report["per_worker"])
+        path = out_dir / "summary.json"
+        summary = json.loads(path.read_text()) if path.exists() else {}
+        summary["async"] = report
+        tmp = path.with_name("summary.json.tmp")
+        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        tmp.replace(path)
+
+
+def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
+    """Run async-sghmc / async-sgld over the grid's workers; write the run's files."""
+    cfg = prepare(cfg)
+    evaluator, model, dim, description = build_evaluator(cfg)
+    nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
+    sizes = query_sizes(grid, nodes, cfg.round_timeout)
+    if len(sizes) < cfg.chains:
+        raise ConfigError(
+            f"{cfg.algorithm} gives each of the --chains {cfg.chains} servers its own "
+            f"workers, but only {len(sizes)} answered; lower --chains or add SuperNodes"
+        )
+    theta0 = initial_position(model, dim, cfg)
+    server = AsyncServer(grid, cfg, theta0, sizes)
+    t0 = time.perf_counter()
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        if r == 1:
+            server.send(sorted(sizes, key=lambda nid: sizes[nid][0]))
+        server.advance_to(r)
+        counts = dict(server.round_counts)
+        server.round_counts = dict.fromkeys(counts, 0)
+        active = sum(len(c.active_workers()) for c in server.chains)
+        theta = torch.stack([c.snapshots.pop(r) for c in server.chains])
+        stats = RoundStats(
+            grad_evals=counts["grads"],
+            finite=bool(torch.isfinite(theta).all()),
+            clients=active,
+            failed=counts["failed"],
+            bytes_down=counts["bytes_down"],
+            bytes_up=counts["bytes_up"],
+        )
+        return theta, stats
+
+    try:
+        result = run_loop(
+            cfg,
+            evaluator,
+            theta0,
+            round_fn,
+            dim=dim,
+            num_clients=len(sizes),
+            description=description,
+            backend="flower",
+            progress=progress,
+            on_round=on_round,
+        )
+    finally:
+        report = server.report(time.perf_counter() - t0)
+        if Path(cfg.out, "summary.json").exists():
+            server.write(cfg.out, report)
+        for s, c in enumerate(server.chains):
+            log.info(
+                "chain %d: %d updates, staleness %s", s, c.t, dict(sorted(c.staleness.items()))
+            )
+    result.summary["async"] = report
+    return result
