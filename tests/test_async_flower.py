@@ -386,3 +386,60 @@ def test_async_sghmc_in_flower_simulation_recovers_the_gaussian(tmp_path):
     bias = max(abs(stale_gaussian_var(h, B, t, v) - v) for t in range(tau_max + 1))
     assert bias < 0.25 * v
     assert abs(x.var() - v) < Z * v * math.sqrt(2 / ess) + bias
+
+
+def test_data_workers_send_their_partition_gradient(tmp_path):
+    """On data, worker c sends ∇f̃^(c) (its data scaled to n, ALGORITHMS.md §1): the
+    ClientApp's reply equals the engine's client target's gradient at the same θ."""
+    from fedhmc_clients.app import handle_grad
+    from flwr.app import Array, ArrayRecord, ConfigRecord
+
+    from fedhmc.async_sgmcmc import worker_key
+    from fedhmc.problem import build_problem
+    from fedhmc.sampler import client_seed
+
+    cfg = RunConfig(
+        algorithm="async-sghmc",
+        num_clients=3,
+        partition="iid",
+        rounds=3,
+        local_steps=4,
+        burn_in=1,
+        out=str(tmp_path / "d"),
+    )
+    grid = ThreadGrid(make_client_app(), 3, cfg.to_run_config())
+    try:
+        from fedhmc_server.async_loop import serve_async
+
+        result = serve_async(grid, cfg)
+    finally:
+        grid.pool.shutdown(wait=True)
+    assert result.summary["status"] == "completed" and "accuracy" in result.history[-1]
+    assert result.summary["async"]["updates"][0] >= 12
+
+    full = cfg.resolve()
+    target = build_problem(full).target
+    theta = torch.linspace(-0.1, 0.1, target.dim, dtype=torch.float32)
+    content = RecordDict(
+        {
+            "arrays": ArrayRecord({"theta": Array(theta.numpy())}),
+            "config": ConfigRecord(
+                {
+                    "chain": 0,
+                    "request": 7,
+                    "num-examples-total": int(target.counts.sum()),
+                    "batch-size": int(full.batch_size),
+                    "prior-std": float(full.prior_std),
+                    "grad-noise": 0.0,
+                }
+            ),
+        }
+    )
+    ctx = grid.contexts[101]
+    msg = Message(content, dst_node_id=101, message_type="query.grad")
+    reply = handle_grad(msg, ctx, cfg.to_run_config())
+    got = torch.as_tensor(reply.content["arrays"]["grad"].numpy())
+    key = worker_key(client_seed(full.seed, 1), 0)
+    want, _ = target.client(1).grad(theta.view(1, 1, -1).clone(), key.view(1, 1), 7, False)
+    torch.testing.assert_close(got, want[0, 0])
+    assert reply.content["metrics"]["num-examples"] == int(target.counts[1])
