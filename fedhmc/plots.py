@@ -103,9 +103,13 @@ def rounds_to(cell: list[dict], metric: str, threshold: float) -> float:
     return math.nan
 
 
+def _spans_decade(values: list) -> bool:
+    vals = [v for v in values if isinstance(v, int | float) and math.isfinite(v)]
+    return bool(vals) and min(vals) > 0 and max(vals) / min(vals) > 10
+
+
 def _log_x(ax, xs: list) -> None:
-    vals = [v for v in xs if isinstance(v, int | float) and not math.isnan(v)]
-    if vals and min(vals) > 0 and max(vals) / min(vals) > 10:
+    if _spans_decade(xs):
         ax.set_xscale("log")
 
 
@@ -175,7 +179,7 @@ def plot(
         ax.set_ylabel(metric)
         ax.set_title(f"{metric} against round ({band})", fontsize=10)
     else:
-        missing = []
+        missing, all_y = [], []
         for key, sel in _lines(rows, hue, x).items():
             per_x: dict = {}
             if kind == "versus":
@@ -191,6 +195,7 @@ def plot(
                     )
             xs = sorted((v for v in per_x if v is not None), key=lambda v: _sort_key((v,)))
             stats = [mean_std(per_x[v]) for v in xs]
+            all_y += [m for m, _ in stats]
             ax.errorbar(
                 xs,
                 [m for m, _ in stats],
@@ -200,6 +205,8 @@ def plot(
                 label=_label(key),
             )
             _log_x(ax, xs)
+        if _spans_decade(all_y):  # e.g. an NLL that blows up at large step sizes
+            ax.set_yscale("log")
         ax.set_xlabel(x)
         if kind == "versus":
             what = f"final {metric}"
