@@ -52,19 +52,24 @@ class LogisticRegression:
         sw: torch.Tensor,
         need_value: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        W = self._weights(theta)
-        logits = torch.matmul(X, W)  # (M, B, C)
+        # Classes-major layout: logitsᵀ = Wᵀ X̃ᵀ (M, C, B) and ∇ᵀ = Rᵀ X̃ (M, C, F+1). Both
+        # products then read X̃ row by row with a short (C-row) left operand, which runs
+        # 1.4–3.4× faster on CPU than X̃ W and X̃ᵀ R (benchmarks/, issue 6); the sums are the
+        # same up to float rounding order.
+        Wt = self._weights(theta).transpose(-1, -2).contiguous()  # (M, C, F+1)
+        logits = torch.matmul(Wt, X.transpose(-1, -2))  # (M, C, B)
+        yy = y.unsqueeze(-2)
         nll = None
         if need_value:
-            logp = torch.log_softmax(logits, dim=-1)
-            nll = -(torch.gather(logp, -1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+            logp = torch.log_softmax(logits, dim=-2)
+            nll = -(torch.gather(logp, -2, yy).squeeze(-2) * sw).sum(-1)
             resid = logp.exp_()
         else:
-            resid = torch.softmax(logits, dim=-1)
-        resid.scatter_add_(-1, y.unsqueeze(-1), torch.full_like(resid[..., :1], -1.0))
-        resid.mul_(sw.unsqueeze(-1))
-        grad = torch.matmul(X.transpose(-1, -2), resid)  # (M, F+1, C)
-        return grad.reshape(theta.shape), nll
+            resid = torch.softmax(logits, dim=-2)
+        resid.scatter_add_(-2, yy, torch.full_like(resid[..., :1, :], -1.0))
+        resid.mul_(sw.unsqueeze(-2))
+        grad_t = torch.matmul(resid, X)  # (M, C, F+1)
+        return grad_t.transpose(-1, -2).reshape(theta.shape), nll
 
     def shared_loss_grad(
         self,
