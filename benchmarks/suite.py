@@ -1,0 +1,659 @@
+"""The performance suite of issue 6: every target measured as a ratio in one process.
+
+For each problem shape it times, interleaved in one process with a warm-up and repeats,
+the client-gradient evaluations per second of
+
+- ``engine``: ``fedhmc.sampler.run_round`` (FA-HMC: T local iterations of K leapfrog steps,
+  counter-based minibatches, momentum, averaging), counting T·(K+1)·N evaluations a round;
+- ``batched``: a bare batched-gradient loop of the same shapes: a random minibatch gather
+  and the gradient of every client at once (closed form by two ``bmm`` for logistic
+  regression; autograd through ``bmm`` for the MLP) and one axpy; no momentum, no RNG
+  streams, no averaging: the least work a batched sampler does;
+- ``loop``: a Python loop over clients, each an ``nn.Module`` with autograd;
+- ``posteriors``: the ``posteriors`` library's SGHMC, one chain per client (only when the
+  package is installed: ``pip install -e '.[bench]'``).
+
+It then measures the Flower simulation against the engine (Fashion-MNIST logistic
+regression, N = 10, T = 50, K = 10; Ray start-up reported apart from the round loop), the
+peak resident memory of 1,000 simulated clients on digits (in a subprocess), the BMA
+evaluation time as a share of a round, and estimates the paper-scale Fashion-MNIST run time.
+Every target of the issue is printed MET / NOT MET with its ratio, and the results are
+written to ``benchmarks/results/<UTC time>.json`` and ``.md``.
+
+Usage::
+
+    python -m benchmarks                   # everything (a few minutes)
+    python -m benchmarks --only digits     # a subset: digits, blr, fmnist, mlp, flower,
+                                           # memory, eval (comma-separated)
+    python -m benchmarks --smoke           # tiny sizes, seconds, no targets (what CI runs)
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedhmc.config import RunConfig
+from fedhmc.errors import ConfigError
+from fedhmc.problem import build_problem
+from fedhmc.sampler import SamplerSettings, run_round
+
+RESULTS = Path(__file__).resolve().parent / "results"
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+PAPER_EVALS = 200 * 50 * 11 * 10  # rounds × T × (K + 1) × N: about 1.1M
+GROUPS = ("digits", "blr", "fmnist", "mlp", "flower", "memory", "eval")
+
+
+@dataclass
+class Shape:
+    key: str
+    label: str
+    dataset: str
+    num_clients: int
+    batch: int  # 0: full batch
+    model: str = "logistic"
+    loop_target: float | None = None  # the issue's "engine ≥ x × loop" target, if any
+    posteriors_target: float | None = None
+
+
+SHAPES = (
+    Shape("digits", "digits N=10 B=32", "digits", 10, 32, loop_target=20.0),
+    Shape("digits", "digits N=100 B=32", "digits", 100, 32, loop_target=20.0),
+    Shape("blr", "BLR 20x50 d=1000 full", "blr-synthetic", 20, 0, loop_target=4.0),
+    Shape("fmnist", "F-MNIST N=10 B=1000", "fashion-mnist", 10, 1000, posteriors_target=2.0),
+    Shape("mlp", "F-MNIST MLP N=10 B=1000", "fashion-mnist", 10, 1000, model="mlp"),
+)
+
+
+def fmnist_available() -> bool:
+    return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
+
+
+def _time(fn, repeats: int) -> float:
+    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
+    fn()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def _interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, warmed up, the repeats interleaved (fair under load)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def _config(shape: Shape, **kw) -> RunConfig:
+    return RunConfig(
+        dataset=shape.dataset,
+        model=shape.model,
+        num_clients=shape.num_clients,
+        batch_size=shape.batch,
+        partition="iid",
+        chains=1,
+        **kw,
+    ).resolve()
+
+
+def _client_data(target):
+    N = target.num_clients
+    return [target.X[c, : int(target.counts[c])] for c in range(N)], [
+        target.y[c, : int(target.counts[c])] for c in range(N)
+    ]
+
+
+def _nn_model(target) -> torch.nn.Module:
+    model = target.model
+    if model.name == "logistic":
+        return torch.nn.Linear(model.num_features, model.num_classes)
+    layers: list[torch.nn.Module] = []
+    widths = (model.num_features, *model.hidden, model.num_classes)
+    for i in range(len(widths) - 1):
+        layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+        if i < len(widths) - 2:
+            layers.append(torch.nn.ReLU())
+    return torch.nn.Sequential(*layers)
+
+
+def bench_shape(
+    shape: Shape, T: int, K: int, rounds: int, repeats: int, with_posteriors: bool = True
+) -> dict:
+    """Evaluations per second of every strategy on one shape, and the ratios."""
+    cfg = _config(shape)
+    target = build_problem(cfg).target
+    N, D = target.num_clients, target.dim
+    settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
+    steps = rounds * T * (K + 1)
+    evals = steps * N
+    model = target.model
+    logistic = model.name == "logistic"
+    X, y = target.X, target.y  # (N, n_max, F(+1)), (N, n_max)
+    n_max, F = X.shape[1], X.shape[2]
+    b = int(target.counts.min()) if shape.batch <= 0 else min(shape.batch, int(target.counts.min()))
+    full = shape.batch <= 0 or shape.batch >= n_max
+    cid = torch.arange(N).view(N, 1)
+    gen = torch.Generator().manual_seed(0)
+    counts = target.counts.view(N, 1)
+    lr = 1e-6
+
+    def engine():
+        theta = torch.zeros(1, D)
+        for r in range(1, rounds + 1):
+            theta, _ = run_round(target, theta, 0, r, settings)
+
+    def minibatch():
+        if full:
+            return X, y
+        idx = torch.randint(0, n_max, (N, b), generator=gen) % counts
+        return X[cid, idx], y[cid, idx]
+
+    if logistic:
+        C = model.num_classes
+
+        def batched():
+            W = torch.zeros(N, F, C)
+            for _ in range(steps):
+                Xb, yb = minibatch()
+                P = torch.softmax(torch.bmm(Xb, W), -1)
+                P.scatter_add_(-1, yb.unsqueeze(-1), torch.full((N, Xb.shape[1], 1), -1.0))
+                W.add_(torch.bmm(Xb.transpose(1, 2), P), alpha=-lr)
+
+    else:
+        widths = (model.num_features, *model.hidden, model.num_classes)
+        params = []
+        for i in range(len(widths) - 1):
+            params.append(torch.randn(N, widths[i], widths[i + 1]) / widths[i] ** 0.5)
+            params.append(torch.zeros(N, 1, widths[i + 1]))
+        for p in params:
+            p.requires_grad_(True)
+
+        def batched():
+            for _ in range(steps):
+                Xb, yb = minibatch()
+                h = Xb
+                for i in range(0, len(params), 2):
+                    h = torch.baddbmm(params[i + 1], h, params[i])
+                    if i < len(params) - 2:
+                        h = torch.relu(h)
+                loss = torch.nn.functional.cross_entropy(
+                    h.reshape(-1, h.shape[-1]), yb.reshape(-1), reduction="sum"
+                )
+                grads = torch.autograd.grad(loss, params)
+                with torch.no_grad():
+                    for p, g in zip(params, grads, strict=True):
+                        p.add_(g, alpha=-lr)
+
+    Xc, yc = _client_data(target)
+    if logistic:
+        Xc = [x[:, :-1] for x in Xc]  # nn.Linear has its own bias
+    torch.manual_seed(0)
+    modules = [_nn_model(target) for _ in range(N)]
+
+    def loop():
+        for _ in range(steps):
+            for c in range(N):
+                if full:
+                    xb, yb = Xc[c], yc[c]
+                else:
+                    idx = torch.randint(0, Xc[c].shape[0], (b,), generator=gen)
+                    xb, yb = Xc[c][idx], yc[c][idx]
+                m = modules[c]
+                m.zero_grad(set_to_none=True)
+                torch.nn.functional.cross_entropy(m(xb), yb, reduction="sum").backward()
+                with torch.no_grad():
+                    for p in m.parameters():
+                        p.add_(p.grad, alpha=-lr)
+
+    fns = {"engine": engine, "batched": batched, "loop": loop}
+    post = _posteriors_fn(modules, Xc, yc, b, full, steps, gen) if with_posteriors else None
+    if post is not None:
+        fns["posteriors"] = post
+    secs = _interleaved(fns, repeats)
+    rate = {k: evals / s for k, s in secs.items()}
+    best = max(rate["batched"], rate["loop"])
+    row = {
+        "group": shape.key,
+        "shape": f"{shape.label} D={D}",
+        "T": T,
+        "K": K,
+        "rounds": rounds,
+        "repeats": repeats,
+        **{f"{k}_evals_per_s": v for k, v in rate.items()},
+        "engine/best": rate["engine"] / best,
+        "engine/batched": rate["engine"] / rate["batched"],
+        "engine/loop": rate["engine"] / rate["loop"],
+    }
+    if "posteriors" in rate:
+        row["engine/posteriors"] = rate["engine"] / rate["posteriors"]
+    return row
+
+
+def _posteriors_fn(modules, Xc, yc, b, full, steps, gen):
+    """posteriors' SGHMC, one chain per client, minibatches as the loop draws them."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import posteriors  # noqa: F401
+            from posteriors.sgmcmc import sghmc
+    except ImportError:
+        return None
+    from torch.func import functional_call
+
+    def make(m, n):
+        def log_posterior(params, batch):
+            xb, yb = batch
+            logits = functional_call(m, params, (xb,))
+            ll = -torch.nn.functional.cross_entropy(logits, yb, reduction="sum")
+            return ll, logits
+
+        params = {k: v.detach().clone() for k, v in m.named_parameters()}
+        transform = sghmc.build(log_posterior, lr=1e-6, alpha=0.01)
+        return transform, transform.init(params)
+
+    chains = [make(m, x.shape[0]) for m, x in zip(modules, Xc, strict=True)]
+
+    def run():
+        for _ in range(steps):
+            for c, (transform, state) in enumerate(chains):
+                if full:
+                    batch = (Xc[c], yc[c])
+                else:
+                    idx = torch.randint(0, Xc[c].shape[0], (b,), generator=gen)
+                    batch = (Xc[c][idx], yc[c][idx])
+                state, _ = transform.update(state, batch, inplace=True)
+                chains[c] = (transform, state)
+
+    return run
+
+
+# ---------------------------------------------------------------------------------------
+# Whole runs: Flower against the engine, memory at 1,000 clients, evaluation share.
+
+
+def _quiet_env() -> None:
+    for k, v in (
+        ("FLWR_TELEMETRY_ENABLED", "0"),
+        ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
+    ):
+        os.environ.setdefault(k, v)
+
+
+def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") -> dict:
+    """Wall time of the same run through the engine and through Flower's simulation.
+
+    The round loop's time is the run's own ``wall_s`` (from the first round's start to the
+    last round's end, evaluation included, in both backends); Flower's start-up (Ray,
+    SuperNodes, app loading) is its total wall time minus that.
+    """
+    _quiet_env()
+    from fedhmc.engine import run
+
+    try:
+        from fedhmc_server.simulation import run_flower
+    except ImportError as exc:  # pragma: no cover - the server package is part of the repo
+        return {"skipped": f"Flower backend unavailable: {exc}"}
+    with tempfile.TemporaryDirectory() as tmp:
+        base = dict(
+            dataset=dataset,
+            num_clients=10,
+            partition="iid",
+            local_steps=T,
+            leapfrog_steps=K,
+            rounds=rounds,
+            burn_in=0,
+            chains=1,
+        )
+        cfg_e = RunConfig(**base, out=os.path.join(tmp, "engine"))
+        t0 = time.perf_counter()
+        res_e = run(cfg_e, progress=False)
+        engine_total = time.perf_counter() - t0
+        cfg_f = RunConfig(**base, backend="flower", out=os.path.join(tmp, "flower"))
+        t0 = time.perf_counter()
+        with open(os.devnull, "w") as devnull:
+            stderr, sys.stderr = sys.stderr, devnull
+            try:
+                res_f = run_flower(cfg_f, progress=False)
+            finally:
+                sys.stderr = stderr
+        flower_total = time.perf_counter() - t0
+    engine_loop = float(res_e.history[-1]["wall_s"])
+    flower_loop = float(res_f.history[-1]["wall_s"])
+    same = bool(torch.allclose(res_e.theta_bar, res_f.theta_bar, rtol=1e-4, atol=1e-5))
+    return {
+        "shape": f"{dataset} logistic N=10 T={T} K={K}, {rounds} rounds",
+        "engine_loop_s": engine_loop,
+        "engine_total_s": engine_total,
+        "flower_loop_s": flower_loop,
+        "flower_startup_s": flower_total - flower_loop,
+        "flower_total_s": flower_total,
+        "flower/engine": flower_loop / engine_loop,
+        "same_theta": same,
+    }
+
+
+_MEMORY_CHILD = """
+import json, resource, sys, tempfile, time
+from fedhmc.config import RunConfig
+from fedhmc.engine import run
+n, rounds = int(sys.argv[1]), int(sys.argv[2])
+with tempfile.TemporaryDirectory() as tmp:
+    t0 = time.perf_counter()
+    cfg = RunConfig(dataset="digits", num_clients=n, partition="iid", rounds=rounds,
+                    burn_in=0, out=tmp)
+    res = run(cfg, progress=False)
+    wall = time.perf_counter() - t0
+print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+                  "wall_s": wall, "chains": res.config.chains,
+                  "T": res.config.local_steps, "K": res.config.leapfrog_steps}))
+"""
+
+
+def bench_memory(num_clients: int, rounds: int) -> dict:
+    """Peak resident memory of a whole digits run with ``num_clients`` clients (subprocess)."""
+    out = subprocess.run(
+        [sys.executable, "-c", _MEMORY_CHILD, str(num_clients), str(rounds)],
+        capture_output=True,
+        text=True,
+        check=False,
+    )
+    if out.returncode != 0:
+        return {"skipped": "the memory run failed: " + out.stderr.strip().splitlines()[-1]}
+    res = json.loads(out.stdout.strip().splitlines()[-1])
+    return {"shape": f"digits N={num_clients} iid, {rounds} rounds", **res}
+
+
+def bench_eval(dataset: str, repeats: int, T: int | None = None, K: int | None = None) -> dict:
+    """Seconds of one BMA evaluation (a collected round) against one round, same config."""
+    cfg = RunConfig(dataset=dataset, num_clients=10, partition="iid")
+    if T is not None:
+        cfg = cfg.replace(local_steps=T)
+    if K is not None:
+        cfg = cfg.replace(leapfrog_steps=K)
+    cfg = cfg.resolve()
+    problem = build_problem(cfg)
+    from fedhmc.engine import initial_position, sampler_settings
+
+    settings = sampler_settings(cfg)
+    theta = initial_position(problem.model, problem.dim, cfg)
+    state = {"theta": theta, "r": 0}
+
+    def one_round():
+        state["r"] += 1
+        state["theta"], _ = run_round(problem.target, state["theta"], 0, state["r"], settings)
+
+    def evaluate():
+        problem.evaluator(state["theta"], True)
+
+    secs = _interleaved({"round": one_round, "eval": evaluate}, repeats)
+    return {
+        "shape": f"{dataset} N=10 chains={cfg.chains} T={cfg.local_steps} K={cfg.leapfrog_steps}",
+        "round_s": secs["round"],
+        "eval_s": secs["eval"],
+        "eval/round": secs["eval"] / secs["round"],
+    }
+
+
+# ---------------------------------------------------------------------------------------
+# Targets and report.
+
+
+def _mark(ok: bool) -> str:
+    return "MET" if ok else "NOT MET"
+
+
+def targets(results: dict) -> list[dict]:
+    """Every target of the issue that these results measure: value, bound, MET/NOT MET."""
+    out = []
+
+    def add(name, value, bound, ok):
+        out.append({"target": name, "value": value, "bound": bound, "status": _mark(ok)})
+
+    for row in results.get("shapes", []):
+        add(
+            f"{row['shape']}: engine / best plain kernel",
+            row["engine/best"],
+            ">= 0.9",
+            row["engine/best"] >= 0.9,
+        )
+        shape = next(s for s in SHAPES if row["shape"].startswith(s.label))
+        if shape.loop_target:
+            add(
+                f"{row['shape']}: engine / per-client loop",
+                row["engine/loop"],
+                f">= {shape.loop_target:g}",
+                row["engine/loop"] >= shape.loop_target,
+            )
+        if shape.posteriors_target and "engine/posteriors" in row:
+            add(
+                f"{row['shape']}: engine / posteriors SGHMC",
+                row["engine/posteriors"],
+                f">= {shape.posteriors_target:g}",
+                row["engine/posteriors"] >= shape.posteriors_target,
+            )
+    fl = results.get("flower")
+    if fl and "flower/engine" in fl:
+        add(
+            "Flower round loop / engine (F-MNIST N=10 T=50 K=10)",
+            fl["flower/engine"],
+            "<= 1.10",
+            fl["flower/engine"] <= 1.10,
+        )
+    est = results.get("paper_estimate")
+    if est:
+        add(
+            "paper-scale F-MNIST run (min, estimated)",
+            est["minutes"],
+            "<= 30",
+            est["minutes"] <= 30,
+        )
+    mem = results.get("memory")
+    if mem and "peak_rss_mb" in mem:
+        add(
+            "1,000 digits clients: peak RSS (MB)",
+            mem["peak_rss_mb"],
+            "<= 4096",
+            mem["peak_rss_mb"] <= 4096,
+        )
+    for ev in results.get("eval", []):
+        add(
+            f"BMA evaluation / round ({ev['shape']})",
+            ev["eval/round"],
+            "<= 0.05",
+            ev["eval/round"] <= 0.05,
+        )
+    return out
+
+
+def render(results: dict) -> str:
+    """The results as markdown tables."""
+    lines = [
+        f"# Benchmarks {results['time']}",
+        "",
+        f"{results['machine']}; torch {results['torch']}, {results['threads']} threads"
+        + ("; SMOKE (tiny sizes, no targets)" if results["smoke"] else ""),
+        "",
+        "Client-gradient evaluations per second (median of the repeats):",
+        "",
+        "| shape | engine | batched | loop | posteriors | eng/best | eng/loop | eng/post |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in results.get("shapes", []):
+        post = r.get("posteriors_evals_per_s")
+        lines.append(
+            f"| {r['shape']} | {r['engine_evals_per_s']:,.0f} | {r['batched_evals_per_s']:,.0f}"
+            f" | {r['loop_evals_per_s']:,.0f} | "
+            + (f"{post:,.0f}" if post else "—")
+            + f" | {r['engine/best']:.2f} | {r['engine/loop']:.1f} | "
+            + (f"{r['engine/posteriors']:.1f}" if post else "—")
+            + " |"
+        )
+    for note in results.get("notes", []):
+        lines += ["", f"Note: {note}"]
+    fl = results.get("flower")
+    if fl and "flower/engine" in fl:
+        lines += [
+            "",
+            f"Flower vs engine ({fl['shape']}): round loop {fl['flower_loop_s']:.1f} s vs "
+            f"{fl['engine_loop_s']:.1f} s (ratio {fl['flower/engine']:.2f}); Flower start-up "
+            f"(Ray, SuperNodes) {fl['flower_startup_s']:.1f} s; same θ̄: {fl['same_theta']}.",
+        ]
+    mem = results.get("memory")
+    if mem and "peak_rss_mb" in mem:
+        lines += [
+            "",
+            f"Memory ({mem['shape']}): peak RSS {mem['peak_rss_mb']:,.0f} MB, "
+            f"{mem['wall_s']:.1f} s.",
+        ]
+    for ev in results.get("eval", []):
+        lines += [
+            "",
+            f"BMA evaluation ({ev['shape']}): {1e3 * ev['eval_s']:.2f} ms vs a round "
+            f"of {1e3 * ev['round_s']:.1f} ms ({100 * ev['eval/round']:.1f}%).",
+        ]
+    est = results.get("paper_estimate")
+    if est:
+        lines += [
+            "",
+            f"Paper-scale Fashion-MNIST run ({est['evals']:,} evaluations at "
+            f"{est['evals_per_s']:,.0f}/s + 200 evaluations): about "
+            f"{est['minutes']:.1f} min.",
+        ]
+    tg = results.get("targets", [])
+    if tg:
+        lines += ["", "| target | value | bound | status |", "|---|---:|---:|---|"]
+        for t in tg:
+            lines.append(f"| {t['target']} | {t['value']:.3g} | {t['bound']} | {t['status']} |")
+    return "\n".join(lines) + "\n"
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
+    ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, no targets (CI)")
+    ap.add_argument(
+        "--only",
+        default=None,
+        help=f"comma-separated subset of {', '.join(GROUPS)} (default: all)",
+    )
+    ap.add_argument("--repeats", type=int, default=None, help="timed repeats per strategy")
+    ap.add_argument("--flower-rounds", type=int, default=2, help="rounds of the Flower run")
+    ap.add_argument("--memory-rounds", type=int, default=5, help="rounds of the memory run")
+    ap.add_argument(
+        "--out",
+        default=None,
+        help="directory for <time>.json and .md "
+        "(default benchmarks/results; --smoke writes nothing unless given)",
+    )
+    args = ap.parse_args(argv)
+    groups = set(GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
+    unknown = groups - set(GROUPS)
+    if unknown:
+        raise ConfigError(
+            f"--only: unknown group(s) {', '.join(sorted(unknown))}; choose from "
+            f"{', '.join(GROUPS)}"
+        )
+    torch.manual_seed(0)
+    now = _dt.datetime.now(_dt.timezone.utc)
+    results: dict = {
+        "time": now.strftime("%Y-%m-%d %H:%M UTC"),
+        "machine": f"{platform.machine()} {os.cpu_count()} cores ({platform.node()})",
+        "torch": torch.__version__,
+        "threads": torch.get_num_threads(),
+        "smoke": args.smoke,
+        "shapes": [],
+        "eval": [],
+        "notes": [],
+    }
+    have_fmnist = fmnist_available()
+    for shape in SHAPES:
+        if shape.key not in groups:
+            continue
+        if shape.dataset == "fashion-mnist" and not have_fmnist:
+            results["notes"].append(f"{shape.label} skipped: no data in {FMNIST_DIR}")
+            continue
+        if args.smoke and (shape.dataset == "fashion-mnist" or shape.num_clients > 20):
+            continue
+        big = shape.dataset == "fashion-mnist"
+        if args.smoke:
+            T, K, rounds, repeats = 1, 2, 1, 1
+        elif big:
+            T, K, rounds, repeats = 1, 10, 1, 3
+        else:
+            T, K, rounds, repeats = 10, 10, 2, 5
+        if args.repeats is not None:
+            repeats = args.repeats
+        print(f"... {shape.label}", file=sys.stderr, flush=True)
+        results["shapes"].append(
+            bench_shape(shape, T, K, rounds, repeats, with_posteriors=not args.smoke)
+        )
+    if "eval" in groups:
+        print("... BMA evaluation", file=sys.stderr, flush=True)
+        results["eval"].append(bench_eval("digits", 1 if args.smoke else 5))
+        if have_fmnist and not args.smoke:
+            results["eval"].append(bench_eval("fashion-mnist", 3, T=5))
+    fm = next((r for r in results["shapes"] if r["shape"].startswith("F-MNIST N=10")), None)
+    if fm is not None and not args.smoke:
+        eval_s = next((e["eval_s"] for e in results["eval"] if "fashion" in e["shape"]), 0.0)
+        secs = PAPER_EVALS / fm["engine_evals_per_s"] + 200 * eval_s
+        results["paper_estimate"] = {
+            "evals": PAPER_EVALS,
+            "evals_per_s": fm["engine_evals_per_s"],
+            "eval_s": eval_s,
+            "minutes": secs / 60,
+        }
+    if "flower" in groups:
+        if args.smoke:
+            pass  # Ray start-up alone takes longer than a smoke run may
+        elif not have_fmnist:
+            results["notes"].append(f"Flower vs engine skipped: no data in {FMNIST_DIR}")
+        else:
+            print("... Flower vs engine", file=sys.stderr, flush=True)
+            results["flower"] = bench_flower(args.flower_rounds, 50, 10)
+    if "memory" in groups:
+        print("... memory", file=sys.stderr, flush=True)
+        n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)
+        results["memory"] = bench_memory(n, r)
+    if not args.smoke:
+        results["targets"] = targets(results)
+    text = render(results)
+    print(text, end="")
+    out_dir = Path(args.out) if args.out else (None if args.smoke else RESULTS)
+    if out_dir is not None:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        stem = now.strftime("%Y%m%dT%H%M%SZ") + ("-smoke" if args.smoke else "")
+        (out_dir / f"{stem}.json").write_text(json.dumps(results, indent=2, default=str))
+        (out_dir / f"{stem}.md").write_text(text)
+        print(f"wrote {out_dir / stem}.json and .md", file=sys.stderr)
+    return 0
+
+
+def cli(argv=None) -> int:
+    try:
+        return main(argv)
+    except ConfigError as exc:
+        print(f"python -m benchmarks: error: {exc}", file=sys.stderr)
+        return 2
