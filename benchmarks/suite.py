@@ -603,7 +603,7 @@ def main(argv=None) -> int:
         elif big:
             T, K, rounds, repeats = 1, 10, 1, 3
         else:
-            T, K, rounds, repeats = 10, 10, 2, 5
+            T, K, rounds, repeats = 5, 10, 1, 3
         if args.repeats is not None:
             repeats = args.repeats
         print(f"... {shape.label}", file=sys.stderr, flush=True)

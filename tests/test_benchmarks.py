@@ -79,3 +79,20 @@ def test_unknown_group_is_one_clear_line(capsys):
     assert cli(["--smoke", "--only", "nonsense"]) == 2
     err = capsys.readouterr().err
     assert "unknown group" in err and "digits" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("S,N,n,F,C", [(1, 3, 6, 4, 2), (3, 2, 9, 5, 4)])
+@pytest.mark.parametrize("need_value", [True, False])
+def test_shared_full_batch_kernel_matches_textbook_form(S, N, n, F, C, need_value):
+    gen = torch.Generator().manual_seed(S * 100 + n)
+    model = LogisticRegression(F, C)
+    X = model.prepare(torch.randn(N, n, F, generator=gen, dtype=torch.float64))
+    y = torch.randint(0, C, (N, n), generator=gen)
+    sw = torch.rand(N, n, generator=gen, dtype=torch.float64) * 3
+    theta = torch.randn(S, N, model.dim, generator=gen, dtype=torch.float64)
+    g, nll = model.shared_loss_grad(theta, X, y, sw, need_value)
+    for s in range(S):
+        g_ref, nll_ref = reference_loss_grad(model, theta[s], X, y, sw)
+        torch.testing.assert_close(g[s], g_ref, rtol=1e-12, atol=1e-12)
+        if need_value:
+            torch.testing.assert_close(nll[s], nll_ref, rtol=1e-12, atol=1e-12)
