@@ -163,6 +163,48 @@ class MLP:
         return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum()
 
     def loss_grad(self, theta, X, y, sw, need_value: bool = True):
+        """Σ_i sw_i ℓ_i of each row and its gradient by hand-written batched backprop.
+
+        Forward: z_l = a_{l−1} W_lᵀ + b_l (one ``baddbmm`` per layer), a_l = ReLU(z_l).
+        Backward from r = sw ⊙ (softmax − onehot): ∇W_l = r_lᵀ a_{l−1}, ∇b_l = Σ_i r_l,
+        r_{l−1} = (r_l W_l) ⊙ 1[z_{l−1} > 0]. The same numbers as autograd through
+        :meth:`_row_loss` (tested), at about the cost of the plain batched kernel.
+        """
+        params = self._unflatten(theta)
+        names = list(params)
+        weights = [params[n] for n in names[0::2]]  # (M, out, in)
+        biases = [params[n] for n in names[1::2]]  # (M, out)
+        # Activations are kept features-major, (M, width, B): the products then have the
+        # short weight matrix on the left, which is faster on CPU than (M, B, width).
+        acts = [X.transpose(1, 2)]
+        for i, (W, b) in enumerate(zip(weights, biases, strict=True)):
+            z = torch.baddbmm(b.unsqueeze(2), W, acts[-1])
+            acts.append(z.clamp_(min=0.0) if i < len(weights) - 1 else z)
+        logits = acts.pop()  # (M, C, B)
+        yy = y.unsqueeze(1)
+        nll = None
+        if need_value:
+            logp = torch.log_softmax(logits, dim=1)
+            nll = -(logp.gather(1, yy).squeeze(1) * sw).sum(-1)
+            resid = logp.exp_()
+        else:
+            resid = torch.softmax(logits, dim=1)
+        resid.scatter_add_(1, yy, torch.full_like(resid[:, :1], -1.0))
+        resid.mul_(sw.unsqueeze(1))
+        grads: list[torch.Tensor] = []
+        r = resid
+        for i in range(len(weights) - 1, -1, -1):
+            a_prev = acts[i]
+            grads.append(r.sum(2))  # ∇b_i
+            grads.append(torch.bmm(r, a_prev.transpose(1, 2)))  # ∇W_i, (M, out, in)
+            if i > 0:
+                r = torch.bmm(weights[i].transpose(1, 2), r).mul_(a_prev > 0)
+        grads.reverse()  # W_0, b_0, W_1, b_1, …: the state_dict order
+        M = theta.shape[0]
+        return torch.cat([g.reshape(M, -1) for g in grads], dim=1), nll
+
+    def loss_grad_autograd(self, theta, X, y, sw, need_value: bool = True):
+        """The same as :meth:`loss_grad` through ``torch.func`` (the reference in tests)."""
         return self._grad(theta, X, y, sw)
 
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:

@@ -117,3 +117,22 @@ def test_gaussian_single_client_equals_batched():
         for c in range(4)
     ]
     torch.testing.assert_close(sum(0.25 * o for o in ones), batched)
+
+
+@pytest.mark.parametrize("hidden", [(6,), (4, 7), (3, 5, 4)])
+def test_mlp_hand_written_backprop_equals_autograd(hidden):
+    gen = torch.Generator().manual_seed(3)
+    model = MLP(5, 3, hidden)
+    M, B = 4, 9
+    theta = torch.randn(M, model.dim, dtype=torch.float64, generator=gen)
+    X = torch.randn(M, B, 5, dtype=torch.float64, generator=gen)
+    y = torch.randint(0, 3, (M, B), generator=gen)
+    sw = torch.rand(M, B, dtype=torch.float64, generator=gen)
+    sw[:, -2:] = 0.0  # padded rows of a ragged minibatch carry no weight
+    g_ref, v_ref = model.loss_grad_autograd(theta, X, y, sw)
+    g, v = model.loss_grad(theta, X, y, sw, True)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(v, v_ref)
+    g2, v2 = model.loss_grad(theta, X, y, sw, False)
+    assert v2 is None
+    torch.testing.assert_close(g2, g_ref)
