@@ -139,9 +139,14 @@ def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tens
 
     Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
     """
+    _check_hi(hi)
     _check_hi(hi + count - 1)
-    rows = [_counters(hi + j, n, keys.device) for j in range(count)]
-    bits = _bits(keys.unsqueeze(-1).unsqueeze(-1), torch.stack(rows))
+    if n > MAX_ELEMENTS:
+        raise ValueError(f"cannot draw {n} numbers at once (at most {MAX_ELEMENTS})")
+    his = torch.arange(hi, hi + count, dtype=torch.int64, device=keys.device) << 33
+    lows = torch.arange(n, dtype=torch.int64, device=keys.device) << 1
+    counters = his.unsqueeze(1) | lows  # (count, n): row j is _counters(hi + j, n)
+    bits = _bits(keys.unsqueeze(-1).unsqueeze(-1), counters)
     return _shr(bits, 11).to(torch.float64) * (1.0 / (1 << 53))
 
 

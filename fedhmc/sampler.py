@@ -138,7 +138,7 @@ def local_iterations(
     for t in range(T):
         p = draw_momentum(shared_keys, keys_mom, target.weights, settings.rho, t, D, theta.dtype)
         base = t * (K + 1)
-        target.prefetch(keys_batch, base, K + 1)
+        target.prefetch(keys_batch, base, K + 1, horizon=(T - t) * (K + 1))
         final = base + K if t == T - 1 else -1
 
         def grad_fn(th: torch.Tensor, k: int, base=base, final=final) -> torch.Tensor:

@@ -25,6 +25,9 @@ import torch
 
 from . import rng
 
+PREFETCH_MAX_VALUES = 1 << 21
+"""At most this many minibatch uniforms are drawn ahead in one :meth:`DataTarget.prefetch`."""
+
 
 class DataTarget:
     """A model's negative log posterior over data split across clients.
@@ -123,14 +126,30 @@ class DataTarget:
             device=self.device,
         )
 
-    def prefetch(self, keys: torch.Tensor, start: int, count: int) -> None:
+    def prefetch(
+        self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
+    ) -> None:
         """Draw the minibatch indices of evaluations ``start … start+count−1`` in one go.
 
         The result is exactly what :meth:`grad` would draw one evaluation at a time; doing
-        it per local iteration (K + 1 evaluations) saves most of the per-call overhead.
+        it for many evaluations at once saves most of the per-call overhead. With
+        ``horizon`` > ``count``, up to ``horizon`` evaluations are drawn ahead as far as
+        :data:`PREFETCH_MAX_VALUES` uniforms allow (the engine asks for the rest of the
+        round), and a later call whose range is already drawn does nothing.
         """
         if self.full_batch:
             return
+        plan = self._plan
+        if (
+            plan is not None
+            and plan[0] is keys
+            and plan[1] <= start
+            and start + count <= plan[1] + plan[2].shape[2]
+        ):
+            return
+        per_eval = keys.numel() * self.X.shape[1]
+        if horizon is not None and horizon > count:
+            count = max(count, min(horizon, PREFETCH_MAX_VALUES // max(per_eval, 1)))
         u = rng.uniform_block(keys, start, count, self.X.shape[1])  # (S, N, count, n_max)
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)
         # The B_c smallest uniforms of client c: a uniformly random subset of its points.
@@ -267,7 +286,9 @@ class GaussianTarget:
         t.weights = self.weights[c : c + 1]
         return t
 
-    def prefetch(self, keys: torch.Tensor, start: int, count: int) -> None:
+    def prefetch(
+        self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
+    ) -> None:
         """Nothing to draw: the gradients are exact."""
 
     def with_batch_size(self, batch_size: int) -> GaussianTarget:

@@ -57,3 +57,11 @@ def test_streams_are_uncorrelated():
     assert float(off.abs().max()) < 5 / math.sqrt(n)
     z2 = rng.normal(keys[:1], 1, n, torch.float64)
     assert abs(float(torch.corrcoef(torch.stack([z[0], z2[0]]))[0, 1])) < 5 / math.sqrt(n)
+
+
+def test_uniform_block_rows_are_the_single_draws():
+    keys = rng.derive(7, torch.arange(6).view(2, 3))
+    block = rng.uniform_block(keys, 5, 4, 9)
+    assert block.shape == (2, 3, 4, 9)
+    for j in range(4):
+        assert torch.equal(block[:, :, j], rng.uniform(keys, 5 + j, 9))

@@ -136,3 +136,23 @@ def test_mlp_hand_written_backprop_equals_autograd(hidden):
     g2, v2 = model.loss_grad(theta, X, y, sw, False)
     assert v2 is None
     torch.testing.assert_close(g2, g_ref)
+
+
+def test_prefetching_ahead_draws_the_same_minibatches(monkeypatch):
+    import fedhmc.targets as targets_mod
+    from fedhmc import rng as rng_mod
+
+    parts = make_parts([30, 17, 25])
+    model = LogisticRegression(5, 3)
+    keys = rng_mod.derive(3, torch.arange(6).view(2, 3))
+    theta = torch.randn(2, 3, model.dim, dtype=torch.float64)
+    one = DataTarget(model, parts, batch_size=8, prior_std=1.0, dtype=torch.float64)
+    ahead = DataTarget(model, parts, batch_size=8, prior_std=1.0, dtype=torch.float64)
+    # A budget that holds 3 evaluations: the horizon of 10 is drawn in several blocks.
+    monkeypatch.setattr(targets_mod, "PREFETCH_MAX_VALUES", 3 * 6 * 30)
+    for index in range(10):
+        ahead.prefetch(keys, index, 1, horizon=10 - index)
+        g_ahead, e_ahead = ahead.grad(theta.clone(), keys, index)
+        g_one, e_one = one.grad(theta.clone(), keys, index)  # drawn one at a time
+        torch.testing.assert_close(g_ahead, g_one, rtol=0, atol=0)
+        torch.testing.assert_close(e_ahead, e_one, rtol=0, atol=0)
