@@ -14,16 +14,14 @@ import json
 import math
 import threading
 import time
-import uuid
 from concurrent.futures import ThreadPoolExecutor
 
 import numpy as np
 import pytest
 import torch
+from _grids import LocalGrid
 from fedhmc_clients.app import make_client_app
-from flwr.app import Context, Error, Message, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Error, Message, RecordDict
 
 from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, euler_step, pooled_histogram
 from fedhmc.config import RunConfig
@@ -162,40 +160,16 @@ def test_the_engine_backend_says_to_use_flower(tmp_path):
 
 
 # ----------------------------------------------------- the apps over a threaded Grid
-class ThreadGrid(Grid):
+class ThreadGrid(LocalGrid):
     """Delivers each pushed message to the ClientApp on a thread of its own; pull returns
     the replies that are done (in any order), as Flower's grids do. A ClientApp that
     raises gives an error reply, as Flower's runtime does."""
 
     def __init__(self, client_app, num_nodes: int, run_config: dict):
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-        self.client_app = client_app
-        self.contexts = {
-            100 + i: Context(
-                run_id=1,
-                node_id=100 + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config),
-            )
-            for i in range(num_nodes)
-        }
+        super().__init__(client_app, num_nodes, run_config)
         self.pool = ThreadPoolExecutor(max_workers=2 * num_nodes + 2)
         self.futures: dict = {}
         self.lock = threading.Lock()
-
-    def set_run(self, run_):
-        pass
-
-    @property
-    def run(self):
-        return None
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.contexts)
 
     def _call(self, msg):
         try:
@@ -206,8 +180,7 @@ class ThreadGrid(Grid):
     def push_messages(self, messages):
         ids = []
         for msg in messages:
-            mid = str(uuid.uuid4())
-            msg.metadata.__dict__["_message_id"] = mid
+            mid = self.stamp(msg)
             with self.lock:
                 self.futures[mid] = self.pool.submit(self._call, msg)
             ids.append(mid)

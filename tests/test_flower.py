@@ -4,18 +4,16 @@ in-process Grid (fast, deterministic), plus one run through Flower's simulation 
 from __future__ import annotations
 
 import math
-import uuid
 from pathlib import Path
 
 import numpy as np
 import pytest
 import tomllib
 import torch
+from _grids import LocalGrid
 from fedhmc_clients.app import handle_train, make_client_app
 from fedhmc_server.loop import serve
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
-from flwr.serverapp import Grid
-from flwr.supercore.task_identity import TaskIdentity
+from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
 from fedhmc.aggregate import ReplyError, validate_reply
 from fedhmc.config import RunConfig
@@ -27,47 +25,17 @@ from fedhmc.sampler import client_seed, client_update, round_seed
 ROOT = Path(__file__).resolve().parents[1]
 
 
-class InProcessGrid(Grid):
+class InProcessGrid(LocalGrid):
     """A Grid that delivers each message to a ClientApp in this process, node by node."""
 
     def __init__(self, client_app, num_nodes: int, run_config: dict):
-        TaskIdentity.task_id, TaskIdentity.run_id, TaskIdentity.node_id = 1, 1, 1
-        self.client_app = client_app
-        self.contexts = {
-            100 + i: Context(
-                run_id=1,
-                node_id=100 + i,
-                node_config={"partition-id": i, "num-partitions": num_nodes},
-                state=RecordDict(),
-                run_config=dict(run_config),
-            )
-            for i in range(num_nodes)
-        }
+        super().__init__(client_app, num_nodes, run_config)
         self.sent: list[Message] = []
-
-    def set_run(self, run_):
-        pass
-
-    @property
-    def run(self):
-        return None
-
-    def create_message(self, *args, **kwargs):
-        raise NotImplementedError
-
-    def get_node_ids(self):
-        return list(self.contexts)
-
-    def push_messages(self, messages):
-        raise NotImplementedError
-
-    def pull_messages(self, message_ids):
-        raise NotImplementedError
 
     def send_and_receive(self, messages, *, timeout=None):
         replies = []
         for msg in messages:
-            msg.metadata.__dict__["_message_id"] = str(uuid.uuid4())
+            self.stamp(msg)
             self.sent.append(msg)
             reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
             if reply is not None:
