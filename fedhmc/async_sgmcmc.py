@@ -20,7 +20,6 @@ machine the Flower ServerApp (``fedhmc_server.async_loop``) drives, one per serv
 
 from __future__ import annotations
 
-import math
 from collections import Counter
 from dataclasses import dataclass, field
 
@@ -28,27 +27,7 @@ import torch
 
 from . import rng
 from .errors import ConfigError
-from .sgmcmc import STREAM_STALE_NOISE, StaleSettings
-
-
-def euler_step(
-    method: str,
-    theta: torch.Tensor,
-    momentum: torch.Tensor,
-    grad: torch.Tensor,
-    zeta: torch.Tensor,
-    step_size: float,
-    friction: float,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """One SGHMC (Euler, friction B) or SGLD update; returns (θ, q).
-
-    ``grad`` is ∇Ũ already divided by the temperature; ``zeta`` is N(0, I) noise.
-    """
-    h, B = step_size, friction
-    if method == "sghmc":
-        q = (1.0 - B * h) * momentum - h * grad + math.sqrt(2.0 * B * h) * zeta
-        return theta + h * q, q
-    return theta - h * grad + math.sqrt(2.0 * h) * zeta, momentum
+from .sgmcmc import STREAM_STALE_NOISE, StaleSettings, euler_step
 
 
 @dataclass(frozen=True)

@@ -57,6 +57,7 @@ import torch
 
 from . import rng
 from .errors import ConfigError, FedHMCError, NonFiniteError
+from .metrics import gaussian_w2_sq
 
 MODES = ("sync", "w-con", "w-icon")
 START_METHODS = ("spawn", "fork", "forkserver")
@@ -628,14 +629,9 @@ def _shutdown(procs: list, sh: dict, grace: float) -> None:
 
 
 # ------------------------------------------------------------------ the paper's preset
-def _sqrtm_psd(c: torch.Tensor) -> torch.Tensor:
-    e, v = torch.linalg.eigh(c)
-    return (v * e.clamp_min(0.0).sqrt().unsqueeze(-2)) @ v.transpose(-1, -2)
-
-
 def w2_to(snapshots: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> list[float]:
     """W₂ between the Gaussian fit of each snapshot's R chains and N(mean, cov); snapshots
-    (C, R, d), batched (the same formula as :func:`fedhmc.metrics.gaussian_w2`).
+    (C, R, d), batched through :func:`fedhmc.metrics.gaussian_w2_sq`.
 
     The Gaussian fit (Gelbrich) is exact when the chains' law is Gaussian and a lower bound
     on W₂ otherwise; delayed SGLD on this quadratic U is Gaussian up to the minibatch noise.
@@ -644,11 +640,7 @@ def w2_to(snapshots: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> lis
     m = x.mean(1)
     z = x - m.unsqueeze(1)
     c = z.transpose(1, 2) @ z / (x.shape[1] - 1)
-    r = _sqrtm_psd(cov.to(torch.float64))
-    cross = _sqrtm_psd(r @ c @ r)
-    tr = torch.diagonal(c + cov - 2.0 * cross, dim1=-2, dim2=-1).sum(-1)
-    w2sq = (m - mean).square().sum(-1) + tr
-    return w2sq.clamp_min(0.0).sqrt().tolist()
+    return gaussian_w2_sq(m, c, mean, cov).clamp_min(0.0).sqrt().tolist()
 
 
 def w2_floor(mean: torch.Tensor, cov: torch.Tensor, chains: int, reps: int = 200, seed: int = 0):

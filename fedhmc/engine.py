@@ -90,8 +90,12 @@ def run_loop(
     backend: str,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
+    summary_extra: Callable[[], dict] | None = None,
 ) -> RunResult:
     """Run ``cfg.rounds`` rounds of ``round_fn`` and write the run's files to ``cfg.out``.
+
+    ``summary_extra``, if given, is called once at the end (also after a failure) and its
+    items join ``summary.json``: a backend's own report.
 
     Raises
     ------
@@ -175,6 +179,8 @@ def run_loop(
             "backend": backend,
             "diagnostics": _diagnostics(draws, keep_draws),
         }
+        if summary_extra is not None:
+            result.summary.update(summary_extra())
         writer.write_samples()
         writer.write_summary(result.summary)
         writer.close()

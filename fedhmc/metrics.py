@@ -123,12 +123,13 @@ def marginal_error(samples: torch.Tensor, reference: torch.Tensor) -> float:
 
 
 def _sqrtm_psd(a: torch.Tensor) -> torch.Tensor:
+    """Square root of symmetric PSD matrices (..., d, d)."""
     vals, vecs = torch.linalg.eigh(a)
-    return (vecs * vals.clamp(min=0.0).sqrt()) @ vecs.T
+    return (vecs * vals.clamp(min=0.0).sqrt().unsqueeze(-2)) @ vecs.transpose(-1, -2)
 
 
-def gaussian_w2(m1, cov1, m2, cov2) -> float:
-    """W₂ between N(m₁, Σ₁) and N(m₂, Σ₂).
+def gaussian_w2_sq(m1, cov1, m2, cov2) -> torch.Tensor:
+    """W₂² between N(m₁, Σ₁) and N(m₂, Σ₂), batched over leading dimensions (float64).
 
     W₂² = ‖m₁ − m₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₂^{1/2} Σ₁ Σ₂^{1/2})^{1/2}).
     """
@@ -137,8 +138,13 @@ def gaussian_w2(m1, cov1, m2, cov2) -> float:
     c2 = torch.as_tensor(cov2, dtype=torch.float64)
     r2 = _sqrtm_psd(c2)
     cross = _sqrtm_psd(r2 @ c1 @ r2)
-    w2sq = (m1 - m2).square().sum() + torch.trace(c1 + c2 - 2.0 * cross)
-    return math.sqrt(max(float(w2sq), 0.0))
+    trace = torch.diagonal(c1 + c2 - 2.0 * cross, dim1=-2, dim2=-1).sum(-1)
+    return (m1 - m2).square().sum(-1) + trace
+
+
+def gaussian_w2(m1, cov1, m2, cov2) -> float:
+    """W₂ between N(m₁, Σ₁) and N(m₂, Σ₂) (see :func:`gaussian_w2_sq`)."""
+    return math.sqrt(max(float(gaussian_w2_sq(m1, cov1, m2, cov2)), 0.0))
 
 
 def gaussian_w2_diag(samples: torch.Tensor, mean: float, var: float) -> tuple[float, float]:

@@ -139,13 +139,10 @@ def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tens
 
     Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
     """
-    _check_hi(hi)
     _check_hi(hi + count - 1)
-    if n > MAX_ELEMENTS:
-        raise ValueError(f"cannot draw {n} numbers at once (at most {MAX_ELEMENTS})")
-    his = torch.arange(hi, hi + count, dtype=torch.int64, device=keys.device) << 33
-    lows = torch.arange(n, dtype=torch.int64, device=keys.device) << 1
-    counters = his.unsqueeze(1) | lows  # (count, n): row j is _counters(hi + j, n)
+    first = _counters(hi, n, keys.device)
+    steps = torch.arange(count, dtype=torch.int64, device=keys.device) << 33
+    counters = first + steps.unsqueeze(1)  # (count, n): row j is _counters(hi + j, n)
     bits = _bits(keys.unsqueeze(-1).unsqueeze(-1), counters)
     return _shr(bits, 11).to(torch.float64) * (1.0 / (1 << 53))
 

@@ -125,6 +125,27 @@ def delays(keys: torch.Tensor, step: int, settings: StaleSettings) -> torch.Tens
     return torch.clamp((u * (tau + 1)).to(torch.int64), max=tau)
 
 
+def euler_step(
+    method: str,
+    theta: torch.Tensor,
+    momentum: torch.Tensor,
+    grad: torch.Tensor,
+    zeta: torch.Tensor,
+    step_size: float,
+    friction: float,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """One SGHMC (Euler, friction B) or SGLD update; returns (θ, q).
+
+    ``grad`` is ∇Ũ already divided by the temperature; ``zeta`` is N(0, I) noise. SGLD
+    leaves the momentum as it is.
+    """
+    h, B = step_size, friction
+    if method == "sghmc":
+        q = (1.0 - B * h) * momentum - h * grad + math.sqrt(2.0 * B * h) * zeta
+        return theta + h * q, q
+    return theta - h * grad + math.sqrt(2.0 * h) * zeta, momentum
+
+
 def advance(
     state: StaleState,
     grad_fn: GradFn,
@@ -159,11 +180,7 @@ def advance(
         if inv_temp != 1.0:
             g = g * inv_temp
         zeta = rng.normal(noise_keys, step, D, theta.dtype)
-        if settings.method == "sghmc":
-            q = (1.0 - B * h) * q - h * g + math.sqrt(2.0 * B * h) * zeta
-            theta = theta + h * q
-        else:
-            theta = theta - h * g + math.sqrt(2.0 * h) * zeta
+        theta, q = euler_step(settings.method, theta, q, g, zeta, h, B)
         step += 1
         if settings.staleness > 0:
             ring[step % slots] = theta

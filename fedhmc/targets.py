@@ -83,6 +83,10 @@ class DataTarget:
         self._parts = parts
         valid = torch.arange(n_max, device=self.device) < self.counts.unsqueeze(1)
         self._valid = valid
+        # Client c's rows start at c · n_max in the flattened (N · n_max, F) data.
+        self._row_offsets = (
+            torch.arange(self.num_clients, device=self.device).view(1, -1, 1) * n_max
+        )
         self._set_batch(self.batch_size)
 
     def _set_batch(self, batch_size: int) -> None:
@@ -174,8 +178,7 @@ class DataTarget:
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (benchmarks/, issue 6).
         n_max = self.X.shape[1]
-        offsets = torch.arange(N, device=self.device).view(1, N, 1) * n_max
-        flat = (idx + offsets).reshape(-1)
+        flat = (idx + self._row_offsets).reshape(-1)
         B = idx.shape[-1]
         bufs = self._buffers.get((S, B))
         if bufs is None:

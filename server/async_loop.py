@@ -21,7 +21,6 @@ worker stops the run with a clear message. At the end, requests in flight are ab
 from __future__ import annotations
 
 import csv
-import json
 import logging
 import time
 from pathlib import Path
@@ -224,6 +223,7 @@ class AsyncServer:
         }
 
     def write(self, out: str, report: dict) -> None:
+        """``staleness.csv`` and ``workers.csv`` (the report itself joins summary.json)."""
         out_dir = Path(out)
         with open(out_dir / "staleness.csv", "w", newline="") as f:
             w = csv.DictWriter(f, ["chain", "staleness", "received", "applied", "dropped"])
@@ -234,12 +234,6 @@ class AsyncServer:
             w = csv.DictWriter(f, cols)
             w.writeheader()
             w.writerows(report["per_worker"])
-        path = out_dir / "summary.json"
-        summary = json.loads(path.read_text()) if path.exists() else {}
-        summary["async"] = report
-        tmp = path.with_name("summary.json.tmp")
-        tmp.write_text(json.dumps(summary, indent=2, default=str) + "\n")
-        tmp.replace(path)
 
 
 def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
@@ -275,8 +269,14 @@ def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=Non
         )
         return theta, stats
 
+    report: dict = {}
+
+    def async_report() -> dict:
+        report.update(server.report(time.perf_counter() - t0))
+        return {"async": report}
+
     try:
-        result = run_loop(
+        return run_loop(
             cfg,
             evaluator,
             theta0,
@@ -287,14 +287,12 @@ def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=Non
             backend="flower",
             progress=progress,
             on_round=on_round,
+            summary_extra=async_report,
         )
     finally:
-        report = server.report(time.perf_counter() - t0)
-        if Path(cfg.out, "summary.json").exists():
+        if report and Path(cfg.out).is_dir():
             server.write(cfg.out, report)
         for s, c in enumerate(server.chains):
             log.info(
                 "chain %d: %d updates, staleness %s", s, c.t, dict(sorted(c.staleness.items()))
             )
-    result.summary["async"] = report
-    return result
