@@ -43,9 +43,9 @@ def client_config(run_config: dict) -> RunConfig:
     return RunConfig.from_mapping({k: v for k, v in run_config.items() if k in keys}).resolve()
 
 
-def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = None):
-    """(target, n_c) of this client, loaded once per process for the same settings."""
-    key = (
+def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tuple:
+    """Everything a client's target depends on."""
+    return (
         cfg.dataset,
         cfg.model,
         cfg.hidden,
@@ -63,6 +63,11 @@ def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = 
         partition_id,
         num_total,
     )
+
+
+def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = None):
+    """(target, n_c) of this client, loaded once per process for the same settings."""
+    key = _target_key(cfg, partition_id, num_total)
     if key not in _TARGETS:
         _TARGETS[key] = build_client_target(cfg, partition_id, num_total)
     return _TARGETS[key]
@@ -168,9 +173,6 @@ def num_examples(cfg: RunConfig, partition_id: int) -> int:
     return partition_target(cfg, partition_id)[1]
 
 
-_WORKER_TARGETS: dict[tuple, tuple] = {}
-
-
 def async_gradient(
     cfg: RunConfig, partition_id: int, theta, config: dict, private_seed: int | None
 ):
@@ -184,11 +186,10 @@ def async_gradient(
 
     cfg = cfg.replace(batch_size=int(config["batch-size"]), prior_std=float(config["prior-std"]))
     num_total = int(config["num-examples-total"])
-    key = (cfg, partition_id, num_total)
-    if key not in _WORKER_TARGETS:
-        _WORKER_TARGETS.clear()  # one run's target per process
-        _WORKER_TARGETS[key] = worker_target(cfg, partition_id, num_total)
-    target, n_c = _WORKER_TARGETS[key]
+    key = ("async", *_target_key(cfg, partition_id, num_total))
+    if key not in _TARGETS:  # loaded once per process, as partition_target's
+        _TARGETS[key] = worker_target(cfg, partition_id, num_total)
+    target, n_c = _TARGETS[key]
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     g = worker_gradient(
         target,
