@@ -6,6 +6,9 @@ Message contract (see ``fedhmc_server.loop``):
 - ``train`` with ``arrays["theta"]`` (θ̄, chains × d) and ``config`` (round, round-seed,
   num-examples-total, sampler settings) → reply ``arrays["theta"]`` (this client's new
   positions) and ``metrics``: ``num-examples``, ``partition-id``, ``energy``.
+- with ``sync-unit = leapfrog``, ``train`` also carries ``arrays["momentum"]`` (the averaged
+  momentum) when the round continues a trajectory, and ``arrays["origin"]`` (X₀) under
+  ``restart-trajectories``; the reply adds ``arrays["momentum"]``, this client's end momentum.
 - for ``algorithm = fahmc-debiased``, ``train`` also carries, from round 2 on,
   ``arrays["anchor"]`` (θ_a) and ``arrays["anchor-grad"]`` (∇f(θ_a)) with
   ``config["anchor-round"]``; the reply adds ``arrays["grad"]``, the client's local
@@ -67,9 +70,20 @@ def handle_train(msg: Message, context: Context, run_config: dict | None = None)
             arrays["anchor"].numpy() if sent else None,
             arrays["anchor-grad"].numpy() if sent else None,
         )
-    theta, n_c, energy = local_update(cfg, pid, theta_bar, round_config, seed, correction)
+    theta, n_c, energy, momentum = local_update(
+        cfg,
+        pid,
+        theta_bar,
+        round_config,
+        seed,
+        correction,
+        momentum=arrays["momentum"].numpy() if "momentum" in arrays else None,
+        origin=arrays["origin"].numpy() if "origin" in arrays else None,
+    )
     metrics = MetricRecord({"num-examples": n_c, "partition-id": pid, "energy": energy})
     reply = {"theta": Array(theta)}
+    if momentum is not None:
+        reply["momentum"] = Array(momentum)
     if local_grad is not None:
         reply["grad"] = Array(local_grad)
     content = RecordDict({"arrays": ArrayRecord(reply), "metrics": metrics})

@@ -28,6 +28,10 @@ SETTING_KEYS = (
     "grad-noise",
     "prior-std",
     "temperature",
+    "sync-unit",
+    "fresh-gradients",
+    "restart-trajectories",
+    "minibatch",
 )
 
 _TARGETS: dict[tuple, tuple] = {}
@@ -58,6 +62,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.scaling,
         cfg.seed,
         cfg.batch_size,
+        cfg.minibatch,
         cfg.prior_std,
         cfg.dtype,
         partition_id,
@@ -80,8 +85,10 @@ def local_update(
     round_config: dict,
     private_seed: int | None,
     correction: torch.Tensor | None = None,
+    momentum=None,
+    origin=None,
 ):
-    """T local FA-HMC iterations from the broadcast θ̄ (S, D).
+    """One round of local FA-HMC from the broadcast θ̄ (S, D).
 
     Parameters
     ----------
@@ -99,15 +106,21 @@ def local_update(
         which reproduces the in-process engine.
     correction
         Debiased FA-HMC's control variate (S, D) from :func:`anchor_step`, or None.
+    momentum, origin
+        ``sync-unit = leapfrog``: the averaged momentum to continue a trajectory from, and
+        under restarts the outer iteration's origin, as arrays (S, D), or None.
 
     Returns
     -------
-    (theta, num_examples, energy)
-        New positions (S, D) as a numpy array of the run's dtype, n_c, and the energy.
+    (theta, num_examples, energy, momentum)
+        New positions (S, D) as a numpy array of the run's dtype, n_c, the energy, and
+        the end momentum (S, D) under ``sync-unit = leapfrog`` (else None).
     """
     settings = {k: round_config[k] for k in SETTING_KEYS}
     cfg = cfg.replace(
-        batch_size=int(settings["batch-size"]), prior_std=float(settings["prior-std"])
+        batch_size=int(settings["batch-size"]),
+        prior_std=float(settings["prior-std"]),
+        minibatch=str(settings["minibatch"]),
     )
     target, n_c = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
     s = SamplerSettings(
@@ -117,14 +130,27 @@ def local_update(
         rho=float(settings["rho"]),
         grad_noise=float(settings["grad-noise"]),
         temperature=float(settings["temperature"]),
+        sync_unit=str(settings["sync-unit"]),
+        fresh_gradients=bool(settings["fresh-gradients"]),
+        restart=bool(settings["restart-trajectories"]),
     )
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
-    theta_bar = torch.as_tensor(theta_bar).to(torch_dtype(cfg))
+    dtype = torch_dtype(cfg)
+    theta_bar = torch.as_tensor(theta_bar).to(dtype)
     round_ = int(round_config["round"])
     theta, info = client_update(
-        target, theta_bar, int(round_config["round-seed"]), seed, round_, s, correction=correction
+        target,
+        theta_bar,
+        int(round_config["round-seed"]),
+        seed,
+        round_,
+        s,
+        correction=correction,
+        momentum=None if momentum is None else torch.as_tensor(momentum).to(dtype),
+        origin=None if origin is None else torch.as_tensor(origin).to(dtype),
     )
-    return theta.numpy(), n_c, float(info.energy.max())
+    p = None if info.momentum is None else info.momentum.numpy()
+    return theta.numpy(), n_c, float(info.energy.max()), p
 
 
 def anchor_step(

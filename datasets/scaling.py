@@ -10,6 +10,10 @@
 ``"unit"``
     Images: pixels divided by their maximum value (255, or 16 for ``digits``) into [0, 1].
     Tabular features: left as they are.
+``"symmetric"``
+    Images: pixels to [-1, 1], (x / max − 0.5) / 0.5 (what the FA-HMC authors' experiment
+    code does). Tabular features: mapped to [-1, 1] by the training set's per-feature
+    minimum and maximum (a constant feature becomes 0).
 ``"none"``
     Features left as they are (pixels stay 0..255), converted to float32.
 """
@@ -21,7 +25,7 @@ import torch
 
 from fedhmc.errors import ConfigError
 
-SCALINGS = ("standardize", "unit", "none")
+SCALINGS = ("standardize", "unit", "symmetric", "none")
 
 
 def check_scaling(scaling: str) -> str:
@@ -66,6 +70,18 @@ def scale_features(
         Xtr /= np.float32(pixel_max)
         Xte /= np.float32(pixel_max)
         steps.append(f"pixels/{pixel_max:g}")
+    if scaling == "symmetric":
+        if pixel_max is not None:
+            Xtr = (Xtr - np.float32(0.5)) / np.float32(0.5)
+            Xte = (Xte - np.float32(0.5)) / np.float32(0.5)
+            steps.append("then (x − 0.5)/0.5 into [-1, 1]")
+        else:
+            lo, hi = Xtr.min(axis=0), Xtr.max(axis=0)
+            span = np.where(hi > lo, hi - lo, np.float32(1.0)).astype(np.float32)
+            mid = ((hi + lo) / 2).astype(np.float32)
+            Xtr = (Xtr - mid) / (span / 2)
+            Xte = (Xte - mid) / (span / 2)
+            steps.append("features to [-1, 1] by the training min and max")
     if scaling == "standardize":
         mean = Xtr.mean(axis=0, dtype=np.float64)
         std = Xtr.std(axis=0, dtype=np.float64)

@@ -44,6 +44,11 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
         if hints[f.name] is bool:
             group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_)
             continue
+        if hints[f.name] == (bool | None):  # unset: the protocol decides; --no-X turns it off
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_
+            )
+            continue
         if default is not None:
             help_ += f" (default: {default})"
         choices = f.metadata.get("choices")

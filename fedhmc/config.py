@@ -28,7 +28,49 @@ MODELS = ("logistic", "mlp")
 BACKENDS = ("engine", "flower")
 ON_FAILURE = ("renormalize", "stop")
 DTYPES = ("float32", "float64")
-SCALINGS = ("standardize", "unit", "none")
+SCALINGS = ("standardize", "unit", "symmetric", "none")
+PROTOCOLS = ("algorithm3", "authors")
+SYNC_UNITS = ("iteration", "leapfrog")
+MINIBATCH_LAWS = ("uniform", "reshuffle")
+INITS = ("auto", "zeros", "normal", "torch-linear")
+IMAGE_DATASETS = ("digits", "fashion-mnist", "mnist", "kmnist", "cifar2")
+
+# What `--protocol` sets for the options left unset (explicit options win). "algorithm3" is
+# the paper's Algorithm 3 as printed; "authors" is what the authors' experiment code runs
+# (docs/algorithms.md, "The authors' protocol"). Keys are field names.
+_PROTOCOL_COMMON = {"sync_unit": "leapfrog", "fresh_gradients": True, "burn_in": 0}
+_AUTHORS_IMAGES = {
+    **_PROTOCOL_COMMON,
+    "minibatch": "reshuffle",
+    "prior_std": math.inf,
+    "temperature": 0.005,
+    "scaling": "symmetric",
+    "init": "torch-linear",
+    "ece_bins": 20,
+}
+_AUTHORS_BLR = {**_PROTOCOL_COMMON, "restart_trajectories": True}
+_GENERIC_DEFAULTS = {
+    "sync_unit": "iteration",
+    "fresh_gradients": False,
+    "restart_trajectories": False,
+    "minibatch": "uniform",
+    "init": "auto",
+    "ece_bins": 15,
+    "temperature": 1.0,
+}
+
+
+def protocol_settings(protocol: str, dataset: str) -> dict:
+    """The options ``--protocol`` sets on ``dataset`` (field names → values).
+
+    The authors' code runs the heterogeneous-Gaussian study as Algorithm 3, so there
+    ``authors`` sets nothing.
+    """
+    if protocol == "algorithm3" or dataset == "gaussian-hetero":
+        return {}
+    if dataset == "blr-synthetic":
+        return dict(_AUTHORS_BLR)
+    return dict(_AUTHORS_IMAGES)
 
 
 def _f(default, help: str, **meta):
@@ -52,9 +94,15 @@ class RunConfig:
     download: bool = _f(False, "let torchvision download a dataset where a network exists")
     scaling: str | None = _f(
         None,
-        "feature scaling: standardize, unit or none (default: none for blr-synthetic, "
-        "else standardize)",
+        "feature scaling: standardize, unit ([0, 1] pixels), symmetric ([-1, 1] pixels: "
+        "(x/255 − 0.5)/0.5) or none (default: none for blr-synthetic, else standardize)",
         choices=SCALINGS,
+    )
+    init: str | None = _f(
+        None,
+        "initial position: auto (zeros; He-scaled normal weights for an MLP), zeros, normal "
+        "(N(0, I)), or torch-linear (PyTorch's default nn.Linear initialisation)",
+        choices=INITS,
     )
     # Sampler
     algorithm: str = _f(
@@ -64,13 +112,49 @@ class RunConfig:
         "(asynchronous distributed SG-MCMC on Flower: --chains servers, --num-clients workers)",
         choices=ALGORITHMS,
     )
-    local_steps: int = _f(10, "T: local iterations per communication round")
+    protocol: str | None = _f(
+        None,
+        "algorithm3 (the paper's Algorithm 3, default) or authors (what the authors' "
+        "experiment code runs: sync every T leapfrog steps with momenta averaged, two fresh "
+        "gradients per step, and for image data a flat prior at temperature 0.005, pixels "
+        "in [-1, 1], nn.Linear initialisation, random reshuffling, 20-bin ECE, no burn-in); "
+        "explicit options override it",
+        choices=PROTOCOLS,
+    )
+    local_steps: int = _f(
+        10,
+        "T: local iterations per communication round (leapfrog steps with --sync-unit leapfrog)",
+    )
+    sync_unit: str | None = _f(
+        None,
+        "what T counts: iteration (T whole trajectories, then positions averaged: "
+        "Algorithm 3) or leapfrog (T leapfrog steps on a global counter, then positions and "
+        "momenta averaged, mid-trajectory too)",
+        choices=SYNC_UNITS,
+    )
+    fresh_gradients: bool | None = _f(
+        None,
+        "two fresh minibatch gradients per leapfrog step (2K per trajectory) instead of "
+        "reusing the end-of-step gradient (K + 1)",
+    )
+    restart_trajectories: bool | None = _f(
+        None,
+        "--sync-unit leapfrog: an outer iteration is T trajectories (K rounds), each "
+        "restarting from the position broadcast at its start, which becomes the average at "
+        "its end (the authors' simulated-BLR code)",
+    )
     leapfrog_steps: int | None = _f(
         None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
     )
     step_size: float | None = _f(None, "η: leapfrog step size (default per dataset)")
     rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
+    minibatch: str | None = _f(
+        None,
+        "uniform (each evaluation draws its batch independently) or reshuffle (each client's "
+        "data permuted once per pass and cut into batches)",
+        choices=MINIBATCH_LAWS,
+    )
     anchor_batch_size: int = _f(
         0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
     )
@@ -87,7 +171,9 @@ class RunConfig:
     )
     grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
-    temperature: float = _f(1.0, "posterior temperature τ: the target is exp(−f/τ)")
+    temperature: float | None = _f(
+        None, "posterior temperature τ: the target is exp(−f/τ) (default 1)"
+    )
     # Run
     rounds: int = _f(200, "communication rounds")
     burn_in: int | None = _f(None, "rounds before samples are collected (default rounds/10)")
@@ -112,6 +198,7 @@ class RunConfig:
     # Output
     out: str | None = _f(None, "output directory (default runs/<time>-<dataset>)")
     save_samples: bool = _f(False, "also write samples.npy (num_samples, chains, d)")
+    ece_bins: int | None = _f(None, "equal-width confidence bins of the ECE (default 15)")
 
     # ----------------------------------------------------------------- mapping
     @staticmethod
@@ -174,6 +261,19 @@ class RunConfig:
         from .presets import dataset_defaults
 
         d = dataset_defaults(self.dataset, self.model, self.dim)
+        if self.protocol is not None and self.protocol not in PROTOCOLS:
+            raise ConfigError(
+                f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
+            )
+        protocol = self.protocol or "algorithm3"
+        unset = {
+            **_GENERIC_DEFAULTS,
+            **protocol_settings(protocol, self.dataset),
+        }
+        self = self.replace(
+            protocol=protocol,
+            **{k: v for k, v in unset.items() if getattr(self, k) is None},
+        )
         k = self.leapfrog_steps
         if self.algorithm == "fald":
             if k not in (None, 1):
@@ -237,6 +337,18 @@ class RunConfig:
             if not ok:
                 raise ConfigError(msg)
 
+        if self.sync_unit == "leapfrog" or self.fresh_gradients or self.restart_trajectories:
+            need(
+                self.algorithm in ("fahmc", "fald"),
+                f"--sync-unit leapfrog, --fresh-gradients and --restart-trajectories apply to "
+                f"--algorithm fahmc or fald, not {self.algorithm}",
+            )
+        need(
+            not (self.restart_trajectories and self.sync_unit != "leapfrog"),
+            "--restart-trajectories needs --sync-unit leapfrog",
+        )
+        eb = self.ece_bins
+        need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
         need(self.num_clients >= 1, f"--num-clients must be ≥ 1, got {self.num_clients}")
         need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
         k = self.leapfrog_steps
@@ -290,9 +402,10 @@ class RunConfig:
             ps is None or (ps > 0 and not math.isnan(ps)),
             f"--prior-std must be > 0 (inf for a flat prior), got {ps}",
         )
+        tau = self.temperature
         need(
-            math.isfinite(self.temperature) and self.temperature > 0,
-            f"--temperature must be > 0, got {self.temperature}",
+            tau is None or (math.isfinite(tau) and tau > 0),
+            f"--temperature must be > 0, got {tau}",
         )
         need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
         bi = self.burn_in
@@ -318,6 +431,18 @@ class RunConfig:
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+        for name, choices in (
+            ("protocol", PROTOCOLS),
+            ("sync_unit", SYNC_UNITS),
+            ("minibatch", MINIBATCH_LAWS),
+            ("init", INITS),
+        ):
+            v = getattr(self, name)
+            flag = name.replace("_", "-")
+            need(
+                v is None or v in choices,
+                f"--{flag} must be one of {', '.join(choices)}; got {v!r}",
+            )
         need(
             self.scaling is None or self.scaling in SCALINGS,
             f"--scaling must be one of {', '.join(SCALINGS)}; got {self.scaling!r}",
@@ -337,8 +462,9 @@ class RunConfig:
             self.hidden_widths  # noqa: B018  (validates)
         if k is not None and eta is not None:
             need(
-                self.local_steps * (k + 1) < (1 << 29),
-                "T·(K + 1) must be below 2**29 gradient evaluations per round",
+                self.local_steps * max(k + 1, 2 * k) < (1 << 29),
+                "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient "
+                "evaluations per round",
             )
 
     def default_out(self) -> str:

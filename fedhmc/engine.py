@@ -33,13 +33,49 @@ def sampler_settings(cfg: RunConfig) -> SamplerSettings:
         local_steps=int(cfg.local_steps),
         rho=float(cfg.rho),
         grad_noise=float(cfg.grad_noise),
-        temperature=float(cfg.temperature),
+        temperature=float(cfg.temperature or 1.0),
+        sync_unit=cfg.sync_unit or "iteration",
+        fresh_gradients=bool(cfg.fresh_gradients),
+        restart=bool(cfg.restart_trajectories),
     )
 
 
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:
-    """Whether round ``round_`` (1-based) contributes a sample."""
-    return round_ > cfg.burn_in and (round_ - cfg.burn_in) % cfg.thin == 0
+    """Whether round ``round_`` (1-based) contributes a sample: after ``burn_in`` rounds,
+    every ``thin``-th round, and under ``--sync-unit leapfrog`` only at the end of a
+    trajectory (leapfrog count a multiple of lcm(T, K); of T·K with restarts)."""
+    if not (round_ > cfg.burn_in and (round_ - cfg.burn_in) % cfg.thin == 0):
+        return False
+    if cfg.sync_unit == "leapfrog" and cfg.algorithm in ("fahmc", "fald"):
+        return sampler_settings(cfg).ends_trajectory(round_)
+    return True
+
+
+def protocol_record(cfg: RunConfig) -> dict:
+    """What ``summary.json`` and results tables say about the protocol that produced them."""
+    if cfg.algorithm not in ("fahmc", "fald", "fahmc-debiased"):
+        return {"name": cfg.algorithm}
+    settings = sampler_settings(cfg)
+    rec = {
+        "name": cfg.protocol or "algorithm3",
+        "sync_unit": settings.sync_unit,
+        "fresh_gradients": settings.fresh_gradients,
+        "restart_trajectories": settings.restart,
+        "minibatch": cfg.minibatch,
+        "grad_evals_per_leapfrog_step": 2 if settings.fresh_gradients else "1 + 1/trajectory",
+        "round": (
+            f"{cfg.local_steps} leapfrog steps, then positions and momenta averaged"
+            if settings.leapfrog_sync
+            else f"{cfg.local_steps} trajectories of {cfg.leapfrog_steps} leapfrog steps, "
+            "then positions averaged"
+        ),
+    }
+    if settings.restart:
+        rec["outer_iteration"] = (
+            f"{cfg.leapfrog_steps} rounds ({cfg.local_steps} trajectories, each restarting "
+            "from the position broadcast at the outer iteration's start)"
+        )
+    return rec
 
 
 def finite_or_none(metrics: dict) -> dict:
@@ -177,8 +213,11 @@ def run_loop(
             "num_clients": num_clients,
             "data": description,
             "backend": backend,
+            "protocol": protocol_record(cfg),
             "diagnostics": _diagnostics(draws, keep_draws),
         }
+        if getattr(evaluator, "ece_bins", None) is not None:
+            result.summary["ece_bins"] = evaluator.ece_bins
         if summary_extra is not None:
             result.summary.update(summary_extra())
         writer.write_samples()
@@ -202,6 +241,28 @@ def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
     out["samples_per_chain"] = len(draws)
     out["chains"] = int(draws[0].shape[0])
     return out
+
+
+@dataclass
+class CarryState:
+    """What the server keeps between rounds under ``--sync-unit leapfrog``: the averaged
+    momentum (to continue a trajectory in the next round) and, with restarts, the outer
+    iteration's origin X₀. Shared by the engine and the Flower ServerApp."""
+
+    momentum: torch.Tensor | None = None
+    origin: torch.Tensor | None = None
+
+    def inputs(self, settings, round_: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(momentum or None, origin or None) that round ``round_`` needs."""
+        momentum = self.momentum if settings.starts_mid_trajectory(round_) else None
+        return momentum, (self.origin if settings.restart else None)
+
+    def update(self, settings, round_: int, theta_bar: torch.Tensor, momentum) -> None:
+        """After round ``round_``: keep the averaged momentum, and under restarts make θ̄
+        the next origin when the round ends an outer iteration."""
+        self.momentum = momentum
+        if settings.restart and settings.ends_trajectory(round_):
+            self.origin = theta_bar
 
 
 def prepare(cfg: RunConfig) -> RunConfig:
@@ -245,6 +306,8 @@ def run(
     debiased = cfg.algorithm == "fahmc-debiased"
     anchor_target = target.with_batch_size(cfg.anchor_batch_size) if debiased else None
     anchor = None
+    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
+    carry = CarryState(origin=theta0 if settings.restart else None)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal anchor
@@ -253,7 +316,11 @@ def run(
                 target, anchor_target, theta_bar, anchor, cfg.seed, r, settings
             )
         else:
-            theta_bar, info = run_round(target, theta_bar, cfg.seed, r, settings)
+            momentum, origin = carry.inputs(settings, r)
+            theta_bar, info = run_round(
+                target, theta_bar, cfg.seed, r, settings, momentum=momentum, origin=origin
+            )
+            carry.update(settings, r, theta_bar, info.momentum)
         finite = bool(torch.isfinite(info.energy).all())
         down, up = bytes_per_round(cfg, problem.dim, r)
         return theta_bar, RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
@@ -261,7 +328,7 @@ def run(
     return run_loop(
         cfg,
         problem.evaluator,
-        initial_position(problem.model, problem.dim, cfg, device=device),
+        theta0,
         round_fn,
         dim=problem.dim,
         num_clients=target.num_clients,

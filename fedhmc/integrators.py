@@ -32,6 +32,7 @@ def leapfrog(
     step_size: float,
     num_steps: int,
     grad: torch.Tensor | None = None,
+    fresh: bool = False,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Integrate K = ``num_steps`` stochastic leapfrog steps.
 
@@ -48,6 +49,11 @@ def leapfrog(
         K ≥ 1.
     grad
         The gradient at ``theta`` if already known (evaluation 0 is then skipped).
+    fresh
+        Evaluate two fresh gradients per step, ``g_k`` at θ_k (evaluation 2k) for the
+        position and ``g_{k+1}`` at θ_{k+1} (evaluation 2k + 1) for the momentum, instead of
+        reusing ``g_{k+1}`` as the next step's ``g_k``: 2K evaluations (the authors'
+        experiment code). ``grad`` is then ignored.
 
     Returns
     -------
@@ -58,6 +64,15 @@ def leapfrog(
     half_eta_sq = 0.5 * eta * eta
     theta = theta.clone()
     p = momentum.clone()
+    if fresh:
+        g = None
+        for k in range(num_steps):
+            g = grad_fn(theta, 2 * k)
+            theta.add_(p, alpha=eta).add_(g, alpha=-half_eta_sq)
+            g_next = grad_fn(theta, 2 * k + 1)
+            p.add_(g, alpha=-0.5 * eta).add_(g_next, alpha=-0.5 * eta)
+            g = g_next
+        return theta, p, g
     g = grad_fn(theta, 0) if grad is None else grad
     for k in range(num_steps):
         theta.add_(p, alpha=eta).add_(g, alpha=-half_eta_sq)

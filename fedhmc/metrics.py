@@ -1,11 +1,12 @@
-"""Predictive and sample-quality metrics (ALGORITHMS.md §6).
+"""Predictive and sample-quality metrics.
 
 Predictive metrics take the Bayesian-model-average class probabilities P (M × C, rows
 sum to one), or their logarithms, and integer labels y (M,):
 
 - accuracy: mean of [argmax_k P_mk = y_m];
 - Brier score: mean over m of Σ_k (P_mk − 1[k = y_m])²  (multi-class sum, in [0, 2]);
-- ECE: 15 equal-width bins over the confidence max_k P_mk, each bin (lo, hi];
+- ECE: equal-width bins (15 by default; ``--ece-bins``) over the confidence max_k P_mk,
+  each bin (lo, hi];
   Σ_b (|b| / M) · |accuracy(b) − confidence(b)|;
 - NLL: −log P_{m, y_m}, as the mean per test point and as the sum.
 
@@ -53,14 +54,17 @@ def nll(log_probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
     return float(-lp.mean()), float(-lp.sum())
 
 
-def predictive_metrics(log_probs: torch.Tensor, labels: torch.Tensor) -> dict[str, float]:
-    """accuracy, brier, ece, nll_mean and nll_sum of a predictive given as log-probabilities."""
+def predictive_metrics(
+    log_probs: torch.Tensor, labels: torch.Tensor, ece_bins: int = ECE_BINS
+) -> dict[str, float]:
+    """accuracy, brier, ece (over ``ece_bins`` bins), nll_mean and nll_sum of a predictive
+    given as log-probabilities."""
     probs = log_probs.to(torch.float64).exp()
     nll_mean, nll_sum = nll(log_probs, labels)
     return {
         "accuracy": accuracy(probs, labels),
         "brier": brier(probs, labels),
-        "ece": ece(probs, labels),
+        "ece": ece(probs, labels, ece_bins),
         "nll_mean": nll_mean,
         "nll_sum": nll_sum,
     }

@@ -108,6 +108,11 @@ class LogisticRegression:
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         return torch.log_softmax(torch.matmul(X, self._weights(theta)), dim=-1)
 
+    def linear_init_bounds(self) -> torch.Tensor:
+        """Per-parameter bound b of PyTorch's default ``nn.Linear`` initialisation,
+        U(−b, b) with b = 1/√fan_in for weights and bias alike: (D,)."""
+        return torch.full((self.dim,), 1.0 / math.sqrt(self.num_features))
+
 
 class MLP:
     """Fully connected ReLU network, batched over rows with ``torch.func.vmap``.
@@ -145,6 +150,16 @@ class MLP:
         for shape in self.shapes.values():
             fan = float(shape[-1]) if len(shape) > 1 else math.inf
             parts.append(torch.full((math.prod(shape),), fan))
+        return torch.cat(parts)
+
+    def linear_init_bounds(self) -> torch.Tensor:
+        """Per-parameter bound b of PyTorch's default ``nn.Linear`` initialisation,
+        U(−b, b) with b = 1/√fan_in of the layer, for its weight and its bias: (D,)."""
+        parts, fan = [], 1.0
+        for shape in self.shapes.values():
+            if len(shape) > 1:
+                fan = float(shape[-1])
+            parts.append(torch.full((math.prod(shape),), 1.0 / math.sqrt(fan)))
         return torch.cat(parts)
 
     def _unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:

@@ -33,24 +33,24 @@ class PredictiveEvaluator:
     current θ̄'s predictive, averaged over chains; the ``samples`` column says which.
     """
 
-    columns = ("samples", *PREDICTIVE_COLUMNS)
+    columns = ("samples", *PREDICTIVE_COLUMNS, "ece_bins")
 
-    def __init__(self, model, X_test: torch.Tensor, y_test: torch.Tensor):
+    def __init__(self, model, X_test: torch.Tensor, y_test: torch.Tensor, ece_bins: int = 15):
         self.model = model
+        self.ece_bins = int(ece_bins)
         self.X = model.prepare(X_test)
         self.y = y_test
         self.bma = BMAPredictive()
 
     def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
-        with torch.no_grad():
-            lp = self.model.log_probs(theta_bar, self.X.to(theta_bar.dtype))
-        if collect:
-            logp = self.bma.update(lp)
-        elif self.bma.log_probs is not None:
-            logp = self.bma.log_probs
+        if not collect and self.bma.log_probs is not None:
+            logp = self.bma.log_probs  # the BMA is unchanged: no need to predict
         else:
-            logp = mean_of_chains(lp)
-        return {"samples": self.bma.count, **predictive_metrics(logp, self.y)}
+            with torch.no_grad():
+                lp = self.model.log_probs(theta_bar, self.X.to(theta_bar.dtype))
+            logp = self.bma.update(lp) if collect else mean_of_chains(lp)
+        metrics = predictive_metrics(logp, self.y, ece_bins=self.ece_bins)
+        return {"samples": self.bma.count, **metrics, "ece_bins": self.ece_bins}
 
 
 class GaussianEvaluator:
@@ -134,15 +134,17 @@ def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
     dtype = torch_dtype(cfg)
     if cfg.dataset in GAUSSIAN_TARGETS:
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
-        post = target.posterior(cfg.temperature)
+        post = target.posterior(cfg.temperature or 1.0)
         desc = (
             f"heterogeneous Gaussian, d = {cfg.dim}, {cfg.num_clients} clients; "
             f"exact posterior N({post.mean:.4g}·1, {post.var:.4g}·I)"
         )
-        return GaussianEvaluator(target, cfg.temperature), None, cfg.dim, desc
+        return GaussianEvaluator(target, cfg.temperature or 1.0), None, cfg.dim, desc
     data = _load(cfg)
     model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
-    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype).to(device), data.y_test)
+    evaluator = PredictiveEvaluator(
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
+    )
     return evaluator, model, model.dim, data.description
 
 
@@ -160,9 +162,17 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
     model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
     client_parts = [(data.X_train[idx], data.y_train[idx]) for idx in parts]
     target = DataTarget(
-        model, client_parts, cfg.batch_size, cfg.prior_std, dtype=dtype, device=device
+        model,
+        client_parts,
+        cfg.batch_size,
+        cfg.prior_std,
+        dtype=dtype,
+        device=device,
+        minibatch=cfg.minibatch or "uniform",
     )
-    evaluator = PredictiveEvaluator(model, data.X_test.to(dtype).to(device), data.y_test)
+    evaluator = PredictiveEvaluator(
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
+    )
     return Problem(target, evaluator, model, data.description)
 
 
@@ -195,20 +205,35 @@ def build_client_target(
         num_total=n,
         dtype=dtype,
         device=device,
+        minibatch=cfg.minibatch or "uniform",
     )
     return target, len(idx)
 
 
 def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Tensor:
-    """θ̄ at round 0, (S, D): zeros, or for an MLP a He-scaled normal draw per chain.
+    """θ̄ at round 0, (S, D), one draw per chain from the run seed's initialisation stream.
 
-    A zero start is a saddle of the MLP (every hidden unit identical), so its weights start
-    at N(0, 2 / fan_in), drawn from the run seed's initialisation stream.
+    ``--init``: ``zeros``; ``normal``, N(0, I); ``torch-linear``, PyTorch's default
+    ``nn.Linear`` initialisation U(−1/√fan_in, 1/√fan_in) for every weight and bias;
+    ``auto`` (the default), zeros, except for an MLP, whose zero start is a saddle (every
+    hidden unit identical): its weights start at N(0, 2 / fan_in) and its biases at 0.
     """
     S = cfg.chains
     dtype = torch_dtype(cfg)
-    if isinstance(model, MLP):
-        keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
+    init = cfg.init or "auto"
+    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
+    if init == "normal":
+        return rng.normal(keys, 0, dim, dtype).to(device)
+    if init == "torch-linear":
+        if model is None or not hasattr(model, "linear_init_bounds"):
+            raise ConfigError(
+                "--init torch-linear needs a model with linear layers (logistic or mlp); "
+                f"{cfg.dataset} has none: use --init zeros or normal"
+            )
+        u = rng.uniform(keys, 1, dim)
+        bound = model.linear_init_bounds().to(torch.float64)
+        return ((2.0 * u - 1.0) * bound).to(dtype).to(device)
+    if init == "auto" and isinstance(model, MLP):
         z = rng.normal(keys, 0, dim, dtype)
         std = torch.sqrt(2.0 / model.fan_in()).to(dtype)
         return (z * std).to(device)
@@ -220,9 +245,15 @@ def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int
 
     Every client gets θ̄ and returns its position, (S, D) each. Debiased FA-HMC also sends
     the anchor θ_a and ∇f(θ_a) (from round 2 on) and returns the client's local gradient.
+    Under ``--sync-unit leapfrog`` every client returns its momentum, and gets the averaged
+    momentum when the round continues a trajectory and the origin X₀ under restarts.
     """
     itemsize = 8 if cfg.dtype == "float64" else 4
     per_array = cfg.num_clients * cfg.chains * dim * itemsize
     if cfg.algorithm == "fahmc-debiased":
         return (3 if round_ > 1 else 1) * per_array, 2 * per_array
+    if cfg.sync_unit == "leapfrog":
+        mid = ((round_ - 1) * cfg.local_steps) % cfg.leapfrog_steps != 0
+        down = 1 + int(mid) + int(bool(cfg.restart_trajectories))
+        return down * per_array, 2 * per_array
     return per_array, per_array

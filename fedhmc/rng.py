@@ -50,6 +50,7 @@ STREAM_ROUND = 5
 STREAM_CHAIN = 6
 STREAM_INIT = 7
 STREAM_ANCHOR = 8
+STREAM_RESHUFFLE = 9
 
 # Counter layout: hi index in bits 33..62, element in bits 1..32, Box-Muller half in bit 0.
 MAX_HI = 1 << 29

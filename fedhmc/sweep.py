@@ -44,7 +44,7 @@ SUMMARY_METRICS = ("accuracy", "nll_mean", "brier", "ece", "w2", "mean_error")
 HIGHER_IS_BETTER = frozenset({"accuracy"})
 """Metrics where larger is better; every other metric is better when smaller."""
 
-NOT_METRICS = frozenset({"round", "samples", "clients", "failed"})
+NOT_METRICS = frozenset({"round", "samples", "clients", "failed", "ece_bins"})
 
 _ABBREV = {
     "leapfrog-steps": "K",

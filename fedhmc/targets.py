@@ -25,6 +25,8 @@ import torch
 
 from . import rng
 
+MINIBATCH_LAWS = ("uniform", "reshuffle")
+
 PREFETCH_MAX_VALUES = 1 << 21
 """At most this many minibatch uniforms are drawn ahead in one :meth:`DataTarget.prefetch`."""
 
@@ -46,6 +48,14 @@ class DataTarget:
     num_total
         n, the total number of training points. Defaults to Σ n_c; a single client's view
         passes the global n so that its gradient scale n / B is the global one.
+    minibatch
+        ``"uniform"``: every evaluation draws B of the client's points uniformly without
+        replacement, independently of the others. ``"reshuffle"`` (random reshuffling):
+        each client's data is permuted once per pass and cut into consecutive batches of
+        B, so a pass visits every point exactly once; when B does not divide n_c the last
+        batch of a pass is smaller (and scaled by n / its size). The evaluation counter is
+        then the client's global minibatch number, and the keys are the run's
+        :func:`fedhmc.sampler.data_keys`.
     """
 
     def __init__(
@@ -57,9 +67,13 @@ class DataTarget:
         num_total: int | None = None,
         dtype: torch.dtype = torch.float32,
         device: torch.device | str = "cpu",
+        minibatch: str = "uniform",
     ):
         if not parts:
             raise ValueError("a DataTarget needs at least one client")
+        if minibatch not in MINIBATCH_LAWS:
+            raise ValueError(f"minibatch must be one of {MINIBATCH_LAWS}, got {minibatch!r}")
+        self.minibatch = minibatch
         self.model = model
         self.dim = model.dim
         self.batch_size = int(batch_size)
@@ -109,6 +123,7 @@ class DataTarget:
             self._batch_sw = self._batch_mask * self._batch_scale.unsqueeze(1)
         # Minibatch buffers, reused across evaluations (keyed by chains and batch size).
         self._buffers: dict = {}
+        self._perm = None  # random reshuffling: (keys, passes (S, N), permutations)
 
     def with_batch_size(self, batch_size: int) -> DataTarget:
         """The same target (sharing its data tensors) with another minibatch size."""
@@ -128,6 +143,7 @@ class DataTarget:
             num_total=self.num_total,
             dtype=self.dtype,
             device=self.device,
+            minibatch=self.minibatch,
         )
 
     def prefetch(
@@ -141,7 +157,7 @@ class DataTarget:
         :data:`PREFETCH_MAX_VALUES` uniforms allow (the engine asks for the rest of the
         round), and a later call whose range is already drawn does nothing.
         """
-        if self.full_batch:
+        if self.full_batch or self.minibatch == "reshuffle":
             return
         plan = self._plan
         if (
@@ -167,6 +183,36 @@ class DataTarget:
         self.prefetch(keys, index, 1)
         return self._plan[2][:, :, 0]
 
+    def reshuffle_indices(
+        self, keys: torch.Tensor, index: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """Random reshuffling: the points of minibatch number ``index`` of every (chain,
+        client), (S, N, B), and their weights n / (batch size) (0 on padding), (S, N, B).
+
+        Client c cuts each pass into P_c = ⌈n_c / B_c⌉ batches; batch ``index`` is batch
+        ``index mod P_c`` of pass ``index // P_c``, whose permutation is the argsort of
+        uniforms drawn under ``derive(key, pass)``.
+        """
+        B = self._b_max
+        b_c = torch.clamp(self.counts, max=B)  # (N,)
+        per_pass = (self.counts + b_c - 1) // b_c
+        passes = (index // per_pass).view(1, -1).expand(keys.shape)  # (S, N)
+        cached = self._perm
+        if cached is None or not torch.equal(cached[0], keys) or not torch.equal(cached[1], passes):
+            u = rng.uniform(rng.derive(keys, passes), 0, self.X.shape[1])  # (S, N, n_max)
+            u.masked_fill_(~self._valid.unsqueeze(0), 2.0)
+            self._perm = cached = (keys.clone(), passes.clone(), torch.argsort(u, dim=-1))
+        j = index % per_pass  # (N,)
+        start = j * b_c
+        size = torch.minimum(b_c, self.counts - start)  # the last batch may be smaller
+        slot = torch.arange(B, device=self.device)
+        pos = (start.view(-1, 1) + slot).clamp_(max=self.X.shape[1] - 1)  # (N, B)
+        idx = cached[2].gather(-1, pos.unsqueeze(0).expand(keys.shape[0], -1, -1))
+        valid = slot < size.view(-1, 1)
+        scale = (self.num_total / size.to(torch.float64)).to(self.dtype)
+        sw = (valid.to(self.dtype) * scale.view(-1, 1)).unsqueeze(0).expand_as(idx)
+        return idx, sw
+
     def _batch(self, keys: torch.Tensor, index: int, S: int):
         N = self.num_clients
         if self.full_batch:
@@ -174,7 +220,11 @@ class DataTarget:
             y = self.y.unsqueeze(0).expand(S, *self.y.shape)
             sw = self._full_sw.unsqueeze(0).expand(S, *self._full_sw.shape)
             return X, y, sw
-        idx = self._indices(keys, index)  # (S, N, B)
+        if self.minibatch == "reshuffle":
+            idx, sw = self.reshuffle_indices(keys, index)
+        else:
+            idx = self._indices(keys, index)  # (S, N, B)
+            sw = self._batch_sw.unsqueeze(0).expand(S, N, -1)
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (benchmarks/, issue 6).
         n_max = self.X.shape[1]
@@ -189,7 +239,6 @@ class DataTarget:
             self._buffers[(S, B)] = bufs
         X = torch.index_select(self.X.view(N * n_max, -1), 0, flat, out=bufs[0])
         y = torch.index_select(self.y.view(-1), 0, flat, out=bufs[1])
-        sw = self._batch_sw.unsqueeze(0).expand(S, N, -1)
         return X.view(S, N, B, -1), y.view(S, N, B), sw
 
     def grad(

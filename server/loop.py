@@ -20,7 +20,14 @@ from flwr.serverapp import Grid
 
 from fedhmc.aggregate import ReplyError, validate_reply, weighted_average
 from fedhmc.config import RunConfig
-from fedhmc.engine import RoundStats, RunResult, prepare, run_loop, sampler_settings
+from fedhmc.engine import (
+    CarryState,
+    RoundStats,
+    RunResult,
+    prepare,
+    run_loop,
+    sampler_settings,
+)
 from fedhmc.errors import FedHMCError
 from fedhmc.problem import build_evaluator, initial_position, torch_dtype
 from fedhmc.sampler import round_seed
@@ -60,6 +67,10 @@ def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
             "grad-noise": float(cfg.grad_noise),
             "prior-std": float(cfg.prior_std),
             "temperature": float(cfg.temperature),
+            "sync-unit": str(cfg.sync_unit),
+            "fresh-gradients": bool(cfg.fresh_gradients),
+            "restart-trajectories": bool(cfg.restart_trajectories),
+            "minibatch": str(cfg.minibatch),
             "algorithm": str(cfg.algorithm),
             "anchor-batch-size": int(cfg.anchor_batch_size),
         }
@@ -132,11 +143,20 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
     failed_rounds = 0
     debiased = cfg.algorithm == "fahmc-debiased"
     keys = ("theta", "grad") if debiased else ("theta",)
+    if settings.leapfrog_sync:
+        keys = (*keys, "momentum")
     anchor = None  # debiased: (round θ_a was sent, θ_a, ∇f(θ_a))
+    theta0 = initial_position(model, dim, cfg)
+    carry = CarryState(origin=theta0 if settings.restart else None)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal failed_rounds, anchor
         out = {"theta": Array(theta_bar.detach().cpu().numpy())}
+        momentum, origin = carry.inputs(settings, r)
+        if momentum is not None:
+            out["momentum"] = Array(momentum.detach().cpu().numpy())
+        if origin is not None:
+            out["origin"] = Array(origin.detach().cpu().numpy())
         config = round_config(cfg, r, num_total)
         if anchor is not None:
             out["anchor"] = Array(anchor[1].detach().cpu().numpy())
@@ -165,7 +185,9 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
                 failed[nid] = f"rejected reply: {e}"
                 nonfinite += "non-finite" in str(e)
                 continue
-            accepted.append((pid, int(m["num-examples"]), got["theta"], got.get("grad")))
+            accepted.append(
+                (pid, int(m["num-examples"]), got["theta"], got.get("grad"), got.get("momentum"))
+            )
         for nid, why in failed.items():
             log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
         if failed and cfg.on_failure == "stop":
@@ -174,7 +196,7 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
-        evals = settings.grad_evals_per_round + (1 if debiased else 0)
+        evals = settings.evals_in_round(r) + (1 if debiased else 0)
         stats = RoundStats(
             grad_evals=len(accepted) * evals * cfg.chains,
             finite=True,
@@ -200,12 +222,16 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         if debiased:
             grads = torch.stack([torch.as_tensor(a[3]) for a in accepted], dim=1)
             anchor = (r, theta_bar, weighted_average(grads, weights))
-        return weighted_average(positions, weights), stats
+        new_bar = weighted_average(positions, weights)
+        if settings.leapfrog_sync:
+            momenta = torch.stack([torch.as_tensor(a[4]) for a in accepted], dim=1)
+            carry.update(settings, r, new_bar, weighted_average(momenta, weights))
+        return new_bar, stats
 
     return run_loop(
         cfg,
         evaluator,
-        initial_position(model, dim, cfg),
+        theta0,
         round_fn,
         dim=dim,
         num_clients=len(sizes),

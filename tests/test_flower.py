@@ -83,6 +83,29 @@ def test_flower_apps_equal_the_engine(tmp_path, rho):
     assert head_e == (tmp_path / "f" / "metrics.csv").read_text().splitlines()[0]
 
 
+@pytest.mark.parametrize(
+    "extra",
+    [
+        # T not a multiple of K: rounds start mid-trajectory and carry the momentum.
+        dict(protocol="authors", local_steps=3, leapfrog_steps=4, rho=0.5),
+        dict(sync_unit="leapfrog", local_steps=5, leapfrog_steps=2, minibatch="reshuffle"),
+        dict(sync_unit="leapfrog", restart_trajectories=True, fresh_gradients=True),
+    ],
+)
+def test_flower_apps_equal_the_engine_under_leapfrog_sync(tmp_path, extra):
+    cfg = small_cfg(tmp_path, "e", **{"rounds": 6, "burn_in": 0, **extra})
+    engine = run(cfg, progress=False)
+    flower, grid = run_grid(cfg.replace(out=str(tmp_path / "f")))
+    assert_same_run(engine, flower)
+    assert engine.history[-1]["samples"] > 0
+    sent = [m for m in grid.sent if m.metadata.message_type == "train"]
+    with_momentum = {
+        int(m.content["config"]["round"]) for m in sent if "momentum" in m.content["arrays"]
+    }
+    settings = sampler_settings(engine.config)
+    assert with_momentum == {r for r in range(1, 7) if settings.starts_mid_trajectory(r)}
+
+
 @pytest.mark.parametrize("anchor_batch", [0, 8])
 def test_debiased_flower_apps_equal_the_engine(tmp_path, anchor_batch):
     cfg = small_cfg(
