@@ -193,6 +193,8 @@ class DataTarget:
         ``index mod P_c`` of pass ``index // P_c``, whose permutation is the argsort of
         uniforms drawn under ``derive(key, pass)``.
         """
+        if self.full_batch:
+            raise ValueError("a full-batch target has no minibatches to reshuffle")
         B = self._b_max
         b_c = torch.clamp(self.counts, max=B)  # (N,)
         per_pass = (self.counts + b_c - 1) // b_c
