@@ -158,3 +158,51 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
     # an ME against the wrong reference, fails both.)
     assert curves[1][-1][1] < 0.8 * curves[1][0][1]
     assert curves[10][0][1] < 0.6 * curves[1][0][1]
+
+
+def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
+    from fedhmc.paper import FIGURES, budget_figure, cell_settings, select_eta
+
+    out = tmp_path / "p"
+    assert main(["experiment", "paper-fmnist-K", "--quick", "--out", str(out)]) == 0
+    summary = json.loads((out / "paper_fmnist_K.json").read_text())
+    fig = budget_figure(FIGURES["paper-fmnist-K"], "quick")
+    rows = summary["rows"]
+    assert {r["protocol"] for r in rows} == {"authors", "algorithm3"}
+    assert len(rows) == 2 * len(fig.values)
+    for r in rows:
+        sel = select_eta(out, fig, r["protocol"], r["K"])
+        # The chosen η is the tuning cell with the lowest final NLL.
+        tried = [t for t in sel["tried"] if t["nll_sum"] is not None]
+        assert r["eta"] == min(tried, key=lambda t: t["nll_sum"])["eta"]
+        assert r["seeds"] == fig.seeds
+        assert r["ece_bins"] == (20 if r["protocol"] == "authors" else 15)
+        # The seeds' mean is the mean of the cells' final values.
+        finals = [
+            json.loads(
+                (
+                    out / "cells" / f"{r['protocol']}_K={r['K']}_seed={s}" / "summary.json"
+                ).read_text()
+            )["final"]["nll_sum"]
+            for s in range(fig.seeds)
+        ]
+        assert r["nll_sum"] == pytest.approx(sum(finals) / len(finals))
+        config = json.loads(
+            (out / "cells" / f"{r['protocol']}_K={r['K']}_seed=0" / "config.json").read_text()
+        )
+        assert config["protocol"] == r["protocol"]
+        # The same leapfrog steps under both protocols (to within one round).
+        per_round = config["local_steps"] * (
+            config["leapfrog_steps"] if r["protocol"] == "algorithm3" else 1
+        )
+        assert abs(config["rounds"] * per_round - fig.rounds * fig.T) < per_round
+    assert "| authors |" in (out / "paper_fmnist_K.md").read_text()
+    assert (out / "paper_fmnist_K_rounds.png").exists()
+    # Resume: a second call runs nothing (every cell completed) and gives the same table.
+    before = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("metrics.csv")}
+    assert main(["experiment", "paper-fmnist-K", "--quick", "--out", str(out)]) == 0
+    after = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("metrics.csv")}
+    assert before == after
+    assert json.loads((out / "paper_fmnist_K.json").read_text())["rows"] == rows
+    s = cell_settings(fig, "algorithm3", 10, 1e-3, 0, 200)
+    assert s["local-steps"] == 1 and s["rounds"] == 200 * 4 // 10

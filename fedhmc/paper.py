@@ -1,0 +1,467 @@
+"""The paper's figures under both protocols: tune η, run seeds, tabulate against the paper.
+
+``fedhmc experiment paper-fmnist-K`` (and its siblings, see :data:`FIGURES`) runs one figure
+of Liang et al. (2024) twice, side by side:
+
+- ``authors``: the protocol of the authors' experiment code (``--protocol authors``);
+- ``algorithm3``: the paper's Algorithm 3 as printed with fedhmc's defaults
+  (``--protocol algorithm3``: prior N(0, I), temperature 1, standardised features, zero
+  start, uniform minibatches, 15-bin ECE, 10 % burn-in).
+
+Both get the same budget in leapfrog steps: the authors' protocol runs ``rounds`` rounds of
+T leapfrog steps; Algorithm 3 runs T' = max(1, T // K) iterations of K steps per round, for
+``rounds · T / (T' K)`` rounds (fewer exchanges where T < K or K does not divide T, the
+same otherwise). Both tune η the same way: every value of a 1-2-5 grid on seed 0 at a
+shorter budget, the lowest final NLL wins (the authors' grid, ten times larger for
+Algorithm 3, whose untempered posterior is √200 ≈ 14 times wider). Then every setting runs
+``seeds`` seeds at the chosen η and the table reports mean ± sd of the final BMA metrics.
+
+Stages run in this order, each cell in its own folder under ``cells/``, resumed when it
+completed before: tune (authors), seeds (authors), tune (algorithm3), seeds (algorithm3).
+The tables are rewritten after every stage, so a stopped run leaves valid partial tables.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import os
+import time
+from dataclasses import dataclass, replace
+from pathlib import Path
+
+from .config import RunConfig
+from .errors import ConfigError
+
+AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7)
+"""The step sizes the authors' tuning script tries (temperature 0.005)."""
+ALGORITHM3_GRID = tuple(10 * e for e in AUTHORS_GRID)
+"""The same ladder one decade up, for the untempered posterior of ``--protocol algorithm3``."""
+PROTOCOL_ORDER = ("authors", "algorithm3")
+PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
+METRICS = ("accuracy", "brier", "ece", "nll_sum")
+
+
+@dataclass(frozen=True)
+class Figure:
+    """One figure: the axis it varies (``K`` or ``T``) and everything it holds fixed."""
+
+    title: str
+    axis: str
+    values: tuple[int, ...]
+    K: int = 10
+    T: int = 50
+    dataset: str = "fashion-mnist"
+    model: str = "logistic"
+    partition: str = "iid"
+    alpha: float = 0.1
+    clients: int = 10
+    batch: int = 1000
+    rounds: int = 200
+    tune_rounds: int = 40
+    seeds: int = 5
+    grid_authors: tuple[float, ...] = AUTHORS_GRID
+    grid_algorithm3: tuple[float, ...] = ALGORITHM3_GRID
+    paper: dict | None = None
+
+    def grid(self, protocol: str) -> tuple[float, ...]:
+        return self.grid_authors if protocol == "authors" else self.grid_algorithm3
+
+    def KT(self, value: int) -> tuple[int, int]:
+        return (value, self.T) if self.axis == "K" else (self.K, value)
+
+
+_FIG3 = Figure(
+    "Fashion-MNIST logistic regression, 10 iid clients, T = 50 leapfrog steps (Figure 3)",
+    "K",
+    (1, 10, 50, 100),
+    paper=PAPER_FMNIST,
+)
+_FIG4 = Figure(
+    "Fashion-MNIST logistic regression, 10 iid clients, K = 10 (Figure 4)",
+    "T",
+    (1, 10, 20, 50, 100),
+    paper=PAPER_FMNIST,
+)
+FIGURES: dict[str, Figure] = {
+    "paper-fmnist-K": _FIG3,
+    "paper-fmnist-T": _FIG4,
+    "paper-fmnist-K-dirichlet": replace(
+        _FIG3,
+        title="Fashion-MNIST logistic regression, 10 Dirichlet(0.1) clients, T = 50",
+        partition="dirichlet",
+        paper=None,
+    ),
+    "paper-fmnist-T-dirichlet": replace(
+        _FIG4,
+        title="Fashion-MNIST logistic regression, 10 Dirichlet(0.1) clients, K = 10",
+        partition="dirichlet",
+        paper=None,
+    ),
+    "paper-fmnist-mlp": replace(
+        _FIG3,
+        title="Fashion-MNIST MLP (100, 100), 10 iid clients, T = 50 (one seed)",
+        model="mlp",
+        values=(1, 10, 50),
+        seeds=1,
+        paper=None,
+    ),
+}
+
+
+def budget_figure(fig: Figure, budget: str) -> Figure:
+    """The figure at a budget: ``full`` (the paper's), ``reduced`` (about a quarter of the
+    rounds, two seeds, every other grid value) or ``quick`` (digits, seconds: tests)."""
+    if budget == "full":
+        return fig
+    if budget == "reduced":
+        return replace(
+            fig,
+            rounds=max(1, fig.rounds // 4),
+            tune_rounds=max(1, fig.tune_rounds // 4),
+            seeds=min(fig.seeds, 2),
+            grid_authors=fig.grid_authors[::2],
+            grid_algorithm3=fig.grid_algorithm3[::2],
+        )
+    return replace(
+        fig,
+        title="quick check on digits of: " + fig.title,
+        dataset="digits",
+        values=fig.values[:2],
+        K=2,
+        T=4,
+        clients=3,
+        batch=32,
+        rounds=3,
+        tune_rounds=2,
+        seeds=2,
+        grid_authors=(1e-3, 1e-4),
+        grid_algorithm3=(1e-2, 1e-3),
+        paper=None,
+    )
+
+
+def cell_settings(fig: Figure, protocol: str, value: int, eta: float, seed: int, rounds: int):
+    """The ``fedhmc run`` settings of one cell (kebab-case keys)."""
+    K, T = fig.KT(value)
+    s = {
+        "dataset": fig.dataset,
+        "model": fig.model,
+        "num-clients": fig.clients,
+        "partition": fig.partition,
+        "dirichlet-alpha": fig.alpha,
+        "batch-size": fig.batch,
+        "protocol": protocol,
+        "leapfrog-steps": K,
+        "step-size": eta,
+        "seed": seed,
+    }
+    if protocol == "authors":
+        s.update({"local-steps": T, "rounds": rounds})
+    else:  # the same leapfrog steps in whole trajectories
+        t_iter = max(1, T // K)
+        s.update({"local-steps": t_iter, "rounds": max(1, round(rounds * T / (t_iter * K)))})
+    return s
+
+
+def _cell_id(protocol: str, axis: str, value: int, eta: float | None, seed: int | None) -> str:
+    parts = [protocol, f"{axis}={value}"]
+    if eta is not None:
+        parts.append(f"eta={eta:g}")
+    if seed is not None:
+        parts.append(f"seed={seed}")
+    return "_".join(parts)
+
+
+def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str) -> None:
+    """Run the cells not yet completed, ``workers`` at a time, with a progress bar."""
+    from .sweep import _cell_done, run_cell
+
+    todo = []
+    for cid, settings in cells:
+        cell_dir = out / "cells" / cid
+        cfg = RunConfig.from_mapping({**settings, "out": str(cell_dir)})
+        if not _cell_done(cell_dir, cfg):
+            todo.append((cid, settings))
+    if not todo:
+        return
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=len(todo), desc=desc, unit="cell", disable=None, leave=False)
+    if workers <= 1:
+        for cid, settings in todo:
+            run_cell(settings, str(out / "cells" / cid), threads=None)
+            bar.update(1)
+    else:
+        import multiprocessing
+        from concurrent.futures import ProcessPoolExecutor, as_completed
+
+        from .sweep import _init_worker
+
+        threads = max(1, (os.cpu_count() or 1) // workers)
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(workers, ctx, _init_worker, (threads,)) as pool:
+            futures = [
+                pool.submit(run_cell, settings, str(out / "cells" / cid), threads)
+                for cid, settings in todo
+            ]
+            for _ in as_completed(futures):
+                bar.update(1)
+    bar.close()
+
+
+def _read_cell(cell_dir: Path) -> dict | None:
+    try:
+        summary = json.loads((cell_dir / "summary.json").read_text())
+    except (OSError, ValueError):
+        return None
+    return summary
+
+
+def _curve(cell_dir: Path) -> list[dict]:
+    with open(cell_dir / "metrics.csv") as f:
+        return [{k: float(v) for k, v in r.items()} for r in csv.DictReader(f)]
+
+
+def select_eta(out: Path, fig: Figure, protocol: str, value: int) -> dict:
+    """The tuning result of one setting: every η's final NLL and the chosen η."""
+    tried = []
+    for eta in fig.grid(protocol):
+        cid = _cell_id(protocol, fig.axis, value, eta, None)
+        s = _read_cell(out / "cells" / cid)
+        status = None if s is None else s.get("status")
+        nll = None
+        if s is not None and status == "completed":
+            nll = (s.get("final") or {}).get("nll_sum")
+        tried.append({"eta": eta, "status": status or "missing", "nll_sum": nll})
+    ok = [t for t in tried if t["nll_sum"] is not None and math.isfinite(t["nll_sum"])]
+    best = min(ok, key=lambda t: (t["nll_sum"], t["eta"])) if ok else None
+    edge = None
+    if best is not None:
+        grid = fig.grid(protocol)
+        edge = best["eta"] in (max(grid), min(grid))
+    return {"tried": tried, "eta": None if best is None else best["eta"], "at_grid_edge": edge}
+
+
+def _mean_sd(values: list[float]) -> tuple[float, float]:
+    n = len(values)
+    mean = sum(values) / n
+    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
+    return mean, sd
+
+
+def paper_figure(
+    name: str,
+    out_dir: Path,
+    *,
+    quick: bool = False,
+    full: bool = False,
+    seed: int = 0,
+    workers: int = 1,
+    protocols: tuple[str, ...] = PROTOCOL_ORDER,
+) -> dict:
+    """Run figure ``name`` of :data:`FIGURES` under both protocols into ``out_dir``.
+
+    ``seed`` offsets the seeds (seed, seed + 1, …). Returns the summary (also written as
+    ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md`` and plots).
+    """
+    budget = "quick" if quick else "full" if full else "reduced"
+    fig = budget_figure(FIGURES[name], budget)
+    out_dir = Path(out_dir)
+    (out_dir / "cells").mkdir(parents=True, exist_ok=True)
+    t0 = time.perf_counter()
+    for protocol in protocols:
+        tune = [
+            (
+                _cell_id(protocol, fig.axis, v, eta, None),
+                cell_settings(fig, protocol, v, eta, seed, fig.tune_rounds),
+            )
+            for v in fig.values
+            for eta in fig.grid(protocol)
+        ]
+        _run_cells(out_dir, tune, workers, f"{protocol}: tuning η")
+        chosen = {v: select_eta(out_dir, fig, protocol, v) for v in fig.values}
+        runs = [
+            (
+                _cell_id(protocol, fig.axis, v, None, seed + i),
+                cell_settings(fig, protocol, v, chosen[v]["eta"], seed + i, fig.rounds),
+            )
+            for v in fig.values
+            if chosen[v]["eta"] is not None
+            for i in range(fig.seeds)
+        ]
+        _run_cells(out_dir, runs, workers, f"{protocol}: seeds")
+        summary = write_tables(name, out_dir, fig, budget, seed)
+    summary["wall_s_this_call"] = time.perf_counter() - t0
+    return summary
+
+
+def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int = 0) -> dict:
+    """Tables, curves and plots from whatever cells have completed (partial is fine)."""
+    rows, curves, tuning = [], [], {}
+    for protocol in PROTOCOL_ORDER:
+        for v in fig.values:
+            sel = select_eta(out_dir, fig, protocol, v)
+            tuning[f"{protocol} {fig.axis}={v}"] = sel
+            finals, by_seed = [], []
+            for i in range(fig.seeds):
+                cid = _cell_id(protocol, fig.axis, v, None, seed + i)
+                s = _read_cell(out_dir / "cells" / cid)
+                if s is None or s.get("status") != "completed":
+                    continue
+                finals.append(s["final"])
+                cur = _curve(out_dir / "cells" / cid)
+                by_seed.append(cur)
+                for r in cur:
+                    curves.append(
+                        {
+                            "protocol": protocol,
+                            fig.axis: v,
+                            "seed": seed + i,
+                            **{
+                                k: r[k]
+                                for k in ("round", "grad_evals", "samples", *METRICS)
+                                if k in r
+                            },
+                        }
+                    )
+            if not finals:
+                continue
+            K, T = fig.KT(v)
+            settings = cell_settings(fig, protocol, v, sel["eta"], seed, fig.rounds)
+            row = {
+                "protocol": protocol,
+                fig.axis: v,
+                "K": K,
+                "T": settings["local-steps"],
+                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
+                "rounds": settings["rounds"],
+                "eta": sel["eta"],
+                "eta_at_grid_edge": sel["at_grid_edge"],
+                "seeds": len(finals),
+                "grad_evals": by_seed[0][-1]["grad_evals"],
+            }
+            for m in METRICS:
+                mean, sd = _mean_sd([f[m] for f in finals])
+                row[m] = mean
+                row[f"{m}_sd"] = sd
+            row["ece_bins"] = int(by_seed[0][-1].get("ece_bins", 15))
+            rows.append(row)
+    stem = name.replace("-", "_")
+    summary = {
+        "experiment": name,
+        "title": fig.title,
+        "budget": budget,
+        "figure": {
+            k: getattr(fig, k)
+            for k in ("axis", "values", "K", "T", "dataset", "model", "partition", "alpha")
+        }
+        | {"rounds": fig.rounds, "tune_rounds": fig.tune_rounds, "seeds": fig.seeds},
+        "protocols": {
+            "authors": "--protocol authors: sync every T leapfrog steps (positions and momenta "
+            "averaged), two fresh gradients per step, flat prior, temperature 0.005, pixels "
+            "in [-1, 1], nn.Linear initialisation, random reshuffling, ECE over 20 bins, "
+            "BMA from the first sample",
+            "algorithm3": "--protocol algorithm3: the paper's Algorithm 3 with fedhmc's "
+            "defaults (T iterations of K steps, positions averaged, gradient reused, prior "
+            "N(0, I), temperature 1, standardised features, zero start, uniform minibatches, "
+            "ECE over 15 bins, 10 % burn-in), the same leapfrog steps",
+        },
+        "selection": "lowest final NLL (sum) on seed 0 after tune_rounds rounds",
+        "paper": fig.paper,
+        "tuning": tuning,
+        "rows": rows,
+    }
+    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    if rows:
+        _write_csv(out_dir / f"{stem}.csv", rows)
+    if curves:
+        _write_csv(out_dir / f"{stem}_curves.csv", curves)
+        _plot(out_dir / stem, fig, curves)
+    (out_dir / f"{stem}.md").write_text(markdown_table(summary))
+    return summary
+
+
+def _write_csv(path: Path, rows: list[dict]) -> None:
+    keys = list(dict.fromkeys(k for r in rows for k in r))
+    tmp = path.with_name(path.name + ".tmp")
+    with open(tmp, "w", newline="") as f:
+        w = csv.DictWriter(f, fieldnames=keys)
+        w.writeheader()
+        w.writerows(rows)
+    os.replace(tmp, path)
+
+
+def markdown_table(summary: dict) -> str:
+    """The results table (mean ± sd over seeds), with the paper's best row when it has one."""
+    axis = summary["figure"]["axis"]
+    lines = [
+        f"**{summary['title']}** ({summary['budget']} budget: {summary['figure']['rounds']} "
+        f"rounds, η tuned at {summary['figure']['tune_rounds']} rounds)",
+        "",
+        f"| protocol | {axis} | η | seeds | rounds | grad evals | accuracy | Brier | "
+        "ECE (bins) | NLL sum |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for r in summary["rows"]:
+        edge = "*" if r["eta_at_grid_edge"] else ""
+        lines.append(
+            f"| {r['protocol']} | {r[axis]} | {r['eta']:g}{edge} | {r['seeds']} | "
+            f"{r['rounds']} | {r['grad_evals']:,.0f} | "
+            f"{r['accuracy']:.4f} ± {r['accuracy_sd']:.4f} | "
+            f"{r['brier']:.4f} ± {r['brier_sd']:.4f} | "
+            f"{r['ece']:.4f} ± {r['ece_sd']:.4f} ({r['ece_bins']}) | "
+            f"{r['nll_sum']:,.0f} ± {r['nll_sum_sd']:,.0f} |"
+        )
+    paper = summary.get("paper")
+    if paper:
+        lines.append(
+            f"| paper (best) | | | 5 | 200 | | {paper['accuracy']:.3f} | {paper['brier']:.3f} "
+            f"| {paper['ece']:.3f} (20) | {paper['nll_sum']:,.0f} |"
+        )
+    lines += ["", "\\* the chosen η is at the edge of the grid tried.", ""]
+    return "\n".join(lines)
+
+
+def _plot(stem: Path, fig: Figure, curves: list[dict]) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    for x in ("round", "grad_evals"):
+        f = MplFigure(figsize=(13, 3.4))
+        FigureCanvasAgg(f)
+        axes = f.subplots(1, len(METRICS))
+        for ax, m in zip(axes, METRICS, strict=True):
+            for protocol, ls in (("authors", "-"), ("algorithm3", ":")):
+                for i, v in enumerate(fig.values):
+                    sel = [c for c in curves if c["protocol"] == protocol and c[fig.axis] == v]
+                    if not sel:
+                        continue
+                    by_x: dict[float, list[float]] = {}
+                    for c in sel:
+                        by_x.setdefault(c[x], []).append(c[m])
+                    xs = sorted(by_x)
+                    ax.plot(
+                        xs,
+                        [sum(by_x[k]) / len(by_x[k]) for k in xs],
+                        ls=ls,
+                        color=f"C{i}",
+                        label=f"{protocol}, {fig.axis} = {v}",
+                    )
+            if fig.paper and m in fig.paper:
+                ax.axhline(fig.paper[m], color="k", lw=0.8, ls="--", label="paper, best")
+            ax.set_title(m + (" (sum)" if m == "nll_sum" else ""), fontsize=9)
+            ax.set_xlabel("communication rounds" if x == "round" else "gradient evaluations")
+            if m in ("nll_sum", "ece", "brier"):
+                ax.set_yscale("log")
+        axes[0].legend(fontsize=6, ncol=2)
+        f.suptitle(fig.title + " — solid: authors' protocol, dotted: Algorithm 3", fontsize=9)
+        f.tight_layout()
+        f.savefig(f"{stem}_{'rounds' if x == 'round' else 'evals'}.png", dpi=110)
+
+
+def check_workers(workers: int) -> int:
+    if workers < 1:
+        raise ConfigError(f"--workers must be ≥ 1, got {workers}")
+    return workers
