@@ -983,6 +983,14 @@ def _paper(name: str) -> Callable:
     return fn
 
 
+def _paper_blr(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False):
+    from .paper import paper_blr_t
+
+    return paper_blr_t(out_dir, quick=quick, full=full, seed=seed)
+
+
+_paper_blr.__doc__ = "Figure 1(c) under both protocols (see fedhmc.paper.paper_blr_t)."
+
 EXPERIMENTS.update(
     {
         "paper-fmnist-K": (
@@ -1001,6 +1009,11 @@ EXPERIMENTS.update(
         "paper-fmnist-T-dirichlet": (
             _paper("paper-fmnist-T-dirichlet"),
             "Figure 4's grid on Dirichlet(0.1) clients, both protocols",
+        ),
+        "paper-blr-T": (
+            _paper_blr,
+            "Figure 1(c) under both protocols: rounds to reach an ME against T (both ways of "
+            "counting the authors' rounds), and the odd/even-T bias question",
         ),
         "paper-fmnist-mlp": (
             _paper("paper-fmnist-mlp"),
@@ -1071,10 +1084,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     summary = fn(out, **kwargs)
     rows = summary.get("rows", [])
     if rows:
-        keys = list(rows[0])
+        keys = list(dict.fromkeys(k for r in rows for k in r))
         print("  ".join(f"{k:>12}" for k in keys))
         for r in rows:
-            print("  ".join(f"{_fmt(r[k]):>12}" for k in keys))
+            print("  ".join(f"{_fmt(r.get(k, '')):>12}" for k in keys))
     print(f"files in {out}")
     return 0
 

@@ -465,3 +465,300 @@ def check_workers(workers: int) -> int:
     if workers < 1:
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
     return workers
+
+
+# --------------------------------------------------------------- simulated BLR, Figure 1c
+BLR_BUDGETS = {
+    # d, T values, chains, outer iterations (authors) / iterations (Algorithm 3), reference
+    "quick": (5, (1, 4), 4, 6, (4, 100, 100)),
+    "reduced": (10, (1, 2, 3, 4, 5, 6, 7, 10, 20, 50, 100), 16, 200, (8, 300, 500)),
+    "full": (100, (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100), 16, 1000, (16, 1000, 1000)),
+}
+
+
+def authors_blr_samples(target, settings, theta0, seed: int, outer: int, skip=True):
+    """X₀ after each of ``outer`` outer iterations of the restart protocol, (outer, S, D).
+
+    With ``skip``, rounds that hold no step of an outer iteration's last trajectory are not
+    computed: the next trajectory restarts from X₀ with a fresh momentum, and every random
+    number is keyed by its position, so the samples are bit for bit those of running every
+    round (tested). The momentum that such a round would have passed on feeds only the
+    discarded part of the next round.
+    """
+    import torch
+
+    from .engine import CarryState
+    from .sampler import run_round
+
+    K, T = settings.leapfrog_steps, settings.local_steps
+    carry = CarryState(origin=theta0)
+    theta = theta0
+    out = []
+    # Rounds (1-based, within an outer iteration) that hold a step of the last trajectory.
+    first_needed = ((T - 1) * K) // T + 1
+    for o in range(outer):
+        for j in range(1, K + 1):
+            r = o * K + j
+            if skip and j < first_needed:
+                continue
+            momentum, origin = carry.inputs(settings, r)
+            if momentum is None and settings.starts_mid_trajectory(r):
+                momentum = torch.zeros_like(theta)  # feeds a discarded trajectory only
+            theta, info = run_round(
+                target, theta, seed, r, settings, momentum=momentum, origin=origin
+            )
+            carry.update(settings, r, theta, info.momentum)
+        out.append(theta)
+    return torch.stack(out)
+
+
+def algorithm3_blr_samples(target, settings, theta0, seed: int, rounds: int):
+    """θ̄ after each of ``rounds`` rounds of Algorithm 3, (rounds, S, D)."""
+    import torch
+
+    from .sampler import run_round
+
+    theta, out = theta0, []
+    for r in range(1, rounds + 1):
+        theta, _ = run_round(target, theta, seed, r, settings)
+        out.append(theta)
+    return torch.stack(out)
+
+
+def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed: int = 0):
+    """Figure 1(c) under both protocols: rounds to reach a marginal error ε against T.
+
+    Simulated BLR, 20 clients, K = 100, η = 0.01, gradients + N(0, 100) noise, ρ = 1. For
+    each T, S chains start at 0 and one global sample per chain is taken per outer iteration
+    (authors' protocol: X₀) or per round (Algorithm 3: θ̄); after each, the ME of all
+    samples so far against the MHMC reference. Rounds to reach ε are counted three ways:
+    the authors' outer iterations, their all-reduces (K per outer iteration: fedhmc's
+    rounds), and Algorithm 3's rounds. Algorithm 3 runs ``iters / T`` rounds (at least 5);
+    the authors' protocol ``iters`` outer iterations whatever T (each is one trajectory of
+    K steps that counts, whatever T).
+
+    It also answers whether the odd/even-T bias of Algorithm 3 at K·η = 1 appears under the
+    authors' protocol: with exact gradients at d = 10, the stationary mean of the samples
+    for each T against the posterior mean (``paper_blr_T_parity.csv``).
+    """
+    import torch
+    from fedhmc_datasets.locate import cache_dir
+
+    from .experiments import blr_reference, evaluation_rounds, rounds_to_reach
+    from .metrics import wasserstein1_marginals
+    from .problem import build_problem
+    from .sampler import SamplerSettings
+
+    budget = "quick" if quick else "full" if full else "reduced"
+    dim, Ts, chains, iters, (rc, rw, rs) = BLR_BUDGETS[budget]
+    # The paper's K = 100, η = 0.01 (Kη = 1); the quick check keeps Kη = 1 with K = 10.
+    K, eta, noise = (10, 0.1, 10.0) if quick else (100, 0.01, 10.0)
+    base = RunConfig(
+        dataset="blr-synthetic",
+        dim=dim,
+        num_clients=20,
+        partition="iid",
+        batch_size=0,
+        leapfrog_steps=K,
+        step_size=eta,
+        chains=chains,
+        seed=seed,
+    ).resolve()
+    reference, ref_info = blr_reference(
+        base, chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
+    )
+    target = build_problem(base).target
+    D = target.dim
+    theta0 = torch.zeros(chains, D)
+    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    walls: dict[tuple[str, int], float] = {}
+    from tqdm.auto import tqdm
+
+    bar = tqdm(total=2 * len(Ts), desc="T values", unit="T", disable=None, leave=False)
+    for protocol in PROTOCOL_ORDER:
+        for T in Ts:
+            t0 = time.perf_counter()
+            if protocol == "authors":
+                s = SamplerSettings(
+                    eta,
+                    K,
+                    T,
+                    grad_noise=noise,
+                    sync_unit="leapfrog",
+                    fresh_gradients=True,
+                    restart=True,
+                )
+                samples = authors_blr_samples(target, s, theta0, seed, iters)
+            else:
+                s = SamplerSettings(eta, K, T, grad_noise=noise)
+                samples = algorithm3_blr_samples(
+                    target, s, theta0, seed, max(5, math.ceil(iters / T))
+                )
+            if not torch.isfinite(samples).all():
+                raise ConfigError(f"paper-blr-T diverged ({protocol}, T = {T})")
+            curve = []
+            for n in evaluation_rounds(samples.shape[0]):
+                pooled = samples[:n].reshape(-1, D)
+                curve.append((n, float(wasserstein1_marginals(pooled, reference).mean())))
+            curves[(protocol, T)] = curve
+            walls[(protocol, T)] = time.perf_counter() - t0
+            bar.update(1)
+    bar.close()
+    rows = []
+    factors = (1.02, 1.05, 1.1, 1.25)
+    eps_by = {}
+    for protocol in PROTOCOL_ORDER:
+        floor = min(v for (p, _), c in curves.items() if p == protocol for _, v in c)
+        eps_by[protocol] = [round(floor * f, 4) for f in factors]
+        for T in Ts:
+            c = curves[(protocol, T)]
+            row = {
+                "protocol": protocol,
+                "T": T,
+                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
+                "samples_per_chain": c[-1][0],
+                "me_final": c[-1][1],
+                "me_min": min(v for _, v in c),
+            }
+            for i, eps in enumerate(eps_by[protocol]):
+                r = rounds_to_reach(c, eps)
+                if protocol == "authors":
+                    row[f"outer_eps{i}"] = r
+                    row[f"allreduce_eps{i}"] = None if r is None else r * K
+                    row[f"rounds_eps{i}"] = None
+                else:
+                    row[f"outer_eps{i}"] = row[f"allreduce_eps{i}"] = None
+                    row[f"rounds_eps{i}"] = r
+            row["wall_s"] = walls[(protocol, T)]
+            rows.append(row)
+    parity_Ts = (1, 2) if quick else (1, 2, 3, 4, 5, 6, 7, 10)
+    parity = blr_parity(base.replace(dim=10), Ts=parity_Ts, quick=quick)
+    summary = {
+        "experiment": "paper-blr-T",
+        "budget": budget,
+        "dim": dim,
+        "clients": 20,
+        "K": K,
+        "step_size": eta,
+        "grad_noise": noise,
+        "chains": chains,
+        "epsilons": eps_by,
+        "epsilon_rule": "1.02, 1.05, 1.1 and 1.25 × the lowest ME any T reached, per protocol",
+        "rounds": "authors: outer iterations (one sample each) and all-reduces = K × outer "
+        "iterations; algorithm3: rounds of T iterations (one sample each)",
+        "reference": ref_info,
+        "rows": rows,
+        "parity": parity,
+    }
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    _write_csv(out_dir / "paper_blr_T.csv", rows)
+    _write_csv(
+        out_dir / "paper_blr_T_curves.csv",
+        [
+            {"protocol": p, "T": T, "samples": n, "me": v}
+            for (p, T), c in curves.items()
+            for n, v in c
+        ],
+    )
+    _write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
+    (out_dir / "paper_blr_T.json").write_text(json.dumps(summary, indent=2) + "\n")
+    _plot_blr(out_dir / "paper_blr_T.png", summary, curves, Ts)
+    return summary
+
+
+def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
+    """Exact gradients, d = 10: the stationary mean of the samples under each protocol,
+    against the posterior mean (the MHMC reference's). Chains start at the reference mean;
+    the first half of the rounds is discarded."""
+    import torch
+    from fedhmc_datasets.locate import cache_dir
+
+    from .experiments import blr_reference
+    from .problem import build_problem
+    from .sampler import SamplerSettings
+
+    chains, outer = (4, 6) if quick else (64, 200)
+    ref, _ = blr_reference(cfg, chains=8, warmup=300, samples=500, cache=cache_dir() / "reference")
+    post = ref.to(torch.float64).mean(0)
+    target = build_problem(cfg.replace(dtype="float64")).target
+    theta0 = post.expand(chains, -1).clone()
+    K, eta = cfg.leapfrog_steps, cfg.step_size
+    rows = []
+    for protocol in PROTOCOL_ORDER:
+        for T in Ts:
+            if protocol == "authors":
+                s = SamplerSettings(
+                    eta, K, T, sync_unit="leapfrog", fresh_gradients=True, restart=True
+                )
+                x = authors_blr_samples(target, s, theta0, cfg.seed, outer)
+            else:
+                s = SamplerSettings(eta, K, T)
+                x = algorithm3_blr_samples(target, s, theta0, cfg.seed, outer)
+            x = x[outer // 2 :]  # (rounds, S, D)
+            per_chain = x.mean(0)  # (S, D)
+            mean = per_chain.mean(0)
+            se = per_chain.std(0) / math.sqrt(chains)
+            ratio = float(mean.norm() / post.norm())
+            slope = float((mean @ post) / (post @ post))
+            # The ratio's standard error, to first order: se of the projection on post.
+            slope_se = float((se.square() @ post.square()).sqrt() / (post @ post))
+            rows.append(
+                {
+                    "protocol": protocol,
+                    "T": T,
+                    "norm_ratio": ratio,
+                    "slope": slope,
+                    "slope_se": slope_se,
+                    "chains": chains,
+                    "samples_used": x.shape[0],
+                }
+            )
+    return {
+        "what": "stationary mean of the samples / posterior mean, exact gradients, d = "
+        f"{cfg.dim}, K = {K}, η = {eta}: norm ratio ‖m‖/‖m_post‖ and the slope of m on "
+        "m_post (1 = unbiased)",
+        "rows": rows,
+    }
+
+
+def _plot_blr(path: Path, summary: dict, curves: dict, Ts) -> None:
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure as MplFigure
+
+    f = MplFigure(figsize=(15, 3.8))
+    FigureCanvasAgg(f)
+    ax1, ax2, ax3, ax4 = f.subplots(1, 4)
+    for ax, protocol in ((ax1, "authors"), (ax2, "algorithm3")):
+        for i, T in enumerate(Ts):
+            c = curves[(protocol, T)]
+            ax.plot(*zip(*c, strict=True), color=f"C{i % 10}", label=f"T = {T}")
+        for eps in summary["epsilons"][protocol]:
+            ax.axhline(eps, color="k", lw=0.5, ls=":")
+        ax.set_xscale("log")
+        ax.set_xlabel("outer iterations" if protocol == "authors" else "rounds")
+        ax.set_ylabel("ME of the samples so far")
+        ax.set_title(f"{protocol}, d = {summary['dim']}", fontsize=9)
+    ax1.legend(fontsize=6, ncol=2)
+    for row_key, ls, lab in (
+        ("allreduce_eps1", "-", "authors: all-reduces"),
+        ("outer_eps1", "--", "authors: outer iterations"),
+        ("rounds_eps1", ":", "Algorithm 3: rounds"),
+    ):
+        pts = [(r["T"], r[row_key]) for r in summary["rows"] if r.get(row_key) is not None]
+        if pts:
+            ax3.plot(*zip(*pts, strict=True), "o" + ls, label=lab, ms=3)
+    ax3.set_yscale("log")
+    ax3.set_xlabel("T")
+    ax3.set_ylabel("rounds to reach ME ≤ ε (ε = 1.05 × floor)")
+    ax3.legend(fontsize=7)
+    for protocol, m in (("authors", "o-"), ("algorithm3", "s:")):
+        pts = [(r["T"], r["slope"]) for r in summary["parity"]["rows"] if r["protocol"] == protocol]
+        ax4.plot(*zip(*pts, strict=True), m, label=protocol, ms=4)
+    ax4.axhline(1.0, color="k", lw=0.6)
+    ax4.set_xlabel("T")
+    ax4.set_ylabel("stationary mean / posterior mean")
+    ax4.set_title("exact gradients, d = 10", fontsize=9)
+    ax4.legend(fontsize=7)
+    f.tight_layout()
+    f.savefig(path, dpi=110)

@@ -206,3 +206,50 @@ def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
     assert json.loads((out / "paper_fmnist_K.json").read_text())["rows"] == rows
     s = cell_settings(fig, "algorithm3", 10, 1e-3, 0, 200)
     assert s["local-steps"] == 1 and s["rounds"] == 200 * 4 // 10
+
+
+def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path):
+    from fedhmc.config import RunConfig
+    from fedhmc.engine import run, sampler_settings
+    from fedhmc.paper import authors_blr_samples
+    from fedhmc.problem import build_problem
+
+    cfg = RunConfig(
+        dataset="blr-synthetic",
+        dim=4,
+        num_clients=4,
+        partition="iid",
+        protocol="authors",
+        leapfrog_steps=5,
+        local_steps=3,
+        step_size=0.05,
+        grad_noise=2.0,
+        chains=2,
+        rounds=4 * 5,
+        save_samples=True,
+        out=str(tmp_path / "r"),
+    )
+    res = run(cfg, progress=False)
+    assert res.history[-1]["samples"] == 4 * 2  # one per outer iteration (K rounds) and chain
+    engine = torch.as_tensor(np.load(tmp_path / "r" / "samples.npy"))
+    settings = sampler_settings(res.config)
+    assert settings.restart and settings.fresh_gradients and settings.leapfrog_sync
+    target = build_problem(res.config).target
+    theta0 = torch.zeros(2, target.dim)
+    for skip in (False, True):
+        x = authors_blr_samples(target, settings, theta0, res.config.seed, 4, skip=skip)
+        assert torch.equal(x, engine)
+
+
+def test_paper_blr_t_quick(tmp_path, monkeypatch):
+    monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    out = tmp_path / "b"
+    assert main(["experiment", "paper-blr-T", "--quick", "--out", str(out)]) == 0
+    summary = json.loads((out / "paper_blr_T.json").read_text())
+    rows = summary["rows"]
+    assert {r["protocol"] for r in rows} == {"authors", "algorithm3"}
+    for r in rows:
+        if r["protocol"] == "authors" and r["outer_eps3"] is not None:
+            assert r["allreduce_eps3"] == 10 * r["outer_eps3"]  # K = 10 in the quick check
+    assert len(summary["parity"]["rows"]) == 2 * 2
+    assert (out / "paper_blr_T.png").exists()
