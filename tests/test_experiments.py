@@ -253,3 +253,28 @@ def test_paper_blr_t_quick(tmp_path, monkeypatch):
             assert r["allreduce_eps3"] == 10 * r["outer_eps3"]  # K = 10 in the quick check
     assert len(summary["parity"]["rows"]) == 2 * 2
     assert (out / "paper_blr_T.png").exists()
+
+
+@pytest.mark.parametrize("best,start", [(2e-5, None), (5e-4, 1e-5), (2e-7, 1e-5), (1e-6, 1e-6)])
+def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch, best, start):
+    from fedhmc import paper
+
+    fig = paper.FIGURES["paper-fmnist-K"]
+    ran = []
+
+    def fake_run(out, cells, workers, desc):
+        for cid, settings in cells:
+            ran.append(settings["step-size"])
+            d = out / "cells" / cid
+            d.mkdir(parents=True)
+            nll = 1000 + math.log(settings["step-size"] / best) ** 2
+            status = "diverged" if settings["step-size"] > 2e-4 else "completed"
+            final = {"nll_sum": nll} if status == "completed" else {}
+            (d / "summary.json").write_text(json.dumps({"status": status, "final": final}))
+
+    monkeypatch.setattr(paper, "_run_cells", fake_run)
+    paper.tune_eta(tmp_path, fig, "authors", 10, 0, 1, start)
+    sel = paper.select_eta(tmp_path, fig, "authors", 10)
+    want = best if best <= 2e-4 else 2e-4  # the largest step that does not diverge
+    assert sel["eta"] == want
+    assert len(ran) == len(set(ran)) and len(ran) < len(fig.grid_authors)
