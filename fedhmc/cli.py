@@ -14,7 +14,7 @@ import sys
 import typing
 
 from .config import RunConfig
-from .errors import FedHMCError
+from .errors import ConfigError, FedHMCError, RunInterrupted
 
 
 class _Parser(argparse.ArgumentParser):
@@ -37,6 +37,8 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
     for f in dataclasses.fields(RunConfig):
         if only is not None and f.name not in only:
             continue
+        if only is None and f.name == "resume":
+            continue  # `fedhmc run --resume DIR` takes the run directory (cmd_run)
         group = groups.get(f.name, group) if only is None else parser
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata["help"]
@@ -96,8 +98,32 @@ def print_final_table(result) -> None:
         print(f"  {k:<{width}}  {v}")
 
 
+def resume_config(run_dir: str, given: dict) -> RunConfig:
+    """The config of the run in ``run_dir`` with the options given now (only ``--rounds``
+    may differ from the checkpoint's; the check names any other difference)."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
+        ) from None
+    merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
+    return RunConfig.from_mapping(merged)
+
+
 def cmd_run(args: argparse.Namespace) -> int:
-    cfg = config_from_args(args)
+    if getattr(args, "resume_dir", None):
+        names = {f.name for f in dataclasses.fields(RunConfig)}
+        given = {k: v for k, v in vars(args).items() if k in names}
+        if "out" in given:
+            raise ConfigError("--resume DIR continues the run in DIR; drop --out")
+        cfg = resume_config(args.resume_dir, given)
+    else:
+        cfg = config_from_args(args)
     if cfg.backend == "flower":
         from fedhmc_server.simulation import run_flower  # lazy: the core never imports flwr
 
@@ -124,6 +150,13 @@ def build_parser() -> argparse.ArgumentParser:
         description="Run FA-HMC and write config.json, metrics.csv and summary.json to --out.",
     )
     add_config_options(p_run)
+    p_run.add_argument(
+        "--resume",
+        dest="resume_dir",
+        metavar="DIR",
+        help="continue the stopped (or finished) run in DIR from its checkpoint, to its "
+        "--rounds or to a larger --rounds given here; the result equals an uninterrupted run",
+    )
     p_run.add_argument("--quiet", action="store_true", help="no progress bar or final table")
     p_run.set_defaults(func=cmd_run)
     _add_data_command(sub)
@@ -155,6 +188,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         return args.func(args)
+    except RunInterrupted as e:
+        print(f"fedhmc {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
     except FedHMCError as e:
         print(f"fedhmc {args.command}: error: {e}", file=sys.stderr)
         return 2

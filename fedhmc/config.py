@@ -198,6 +198,13 @@ class RunConfig:
     # Output
     out: str | None = _f(None, "output directory (default runs/<time>-<dataset>)")
     save_samples: bool = _f(False, "also write samples.npy (num_samples, chains, d)")
+    checkpoint_every: int | None = _f(
+        None,
+        "write a checkpoint every this many rounds (default: at most once a minute; 0: only "
+        "at the end and when stopped)",
+    )
+    resume: bool = _f(False, "continue the run in --out from its checkpoint")
+    overwrite: bool = _f(False, "replace the run that --out holds")
     ece_bins: int | None = _f(None, "equal-width confidence bins of the ECE (default 15)")
 
     # ----------------------------------------------------------------- mapping
@@ -349,6 +356,12 @@ class RunConfig:
         )
         eb = self.ece_bins
         need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
+        ce = self.checkpoint_every
+        need(ce is None or ce >= 0, f"--checkpoint-every must be ≥ 0 rounds, got {ce}")
+        need(
+            not (self.resume and self.overwrite),
+            "--resume continues the run in --out and --overwrite replaces it; pick one",
+        )
         need(self.num_clients >= 1, f"--num-clients must be ≥ 1, got {self.num_clients}")
         need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
         k = self.leapfrog_steps

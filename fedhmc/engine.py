@@ -9,18 +9,24 @@ the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages 
 
 from __future__ import annotations
 
+import csv
+import json
 import math
+import signal
+import sys
+import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 import torch
 
 from .config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
-from .errors import ConfigError, NonFiniteError
+from .errors import ConfigError, NonFiniteError, RunInterrupted
 from .output import RunWriter
 from .problem import Problem, build_problem, bytes_per_round, initial_position
-from .sampler import SamplerSettings, debiased_round, run_round
+from .sampler import Anchor, SamplerSettings, debiased_round, run_round
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
@@ -112,6 +118,124 @@ class RunResult:
 
 
 RoundFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, RoundStats]]
+BackendState = tuple[Callable[[], dict], Callable[[dict], None]]
+"""(get, set) of what a backend keeps between rounds, for checkpoints."""
+
+CHECKPOINT_SECONDS = 60.0
+"""With ``--checkpoint-every`` unset, a checkpoint at most once a minute (and on a stop)."""
+
+
+class _Stop:
+    """Signal handling for the duration of a run: the first SIGINT/SIGTERM asks the run to
+    stop after the round in flight; a second one stops it at once (KeyboardInterrupt)."""
+
+    def __init__(self, announce: bool):
+        self.signum: int | None = None
+        self.announce = announce
+        self._old: dict = {}
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.announce:
+            print(
+                "\nfedhmc: stopping after this round (signal again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def prepare_out(cfg: RunConfig) -> dict | None:
+    """Check ``--out`` before a run and, with ``--resume``, load its checkpoint.
+
+    A directory that holds another run is refused unless ``--resume`` (continue it) or
+    ``--overwrite`` (replace it) is given, so that no folder ever mixes two runs.
+    """
+    from . import checkpoint
+
+    out = Path(cfg.out)
+    if cfg.resume:
+        state, problems = checkpoint.load(out)
+        for p in problems:
+            print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
+        saved = dict(state["config"])
+        saved["_round_reached"] = int(state["round"])
+        checkpoint.check_compatible(saved, cfg.to_dict(), state["_header"]["version"])
+        return state
+    holds = [n for n in ("config.json", "summary.json", "checkpoint.pt") if (out / n).exists()]
+    if holds and not cfg.overwrite:
+        status = ""
+        try:
+            summary = json.loads((out / "summary.json").read_text())
+            status = f" ({summary.get('status')}, {summary.get('rounds_completed')} rounds)"
+        except (OSError, ValueError):
+            pass
+        raise ConfigError(
+            f"--out {cfg.out} already holds a run{status}; continue it with "
+            f"--resume {cfg.out}, replace it with --overwrite, or choose another --out"
+        )
+    if holds:
+        for name in ("checkpoint.pt", "checkpoint.prev.pt", "samples.npy", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+    return None
+
+
+def resume_or_replace(cfg: RunConfig) -> RunConfig:
+    """For a sweep or experiment cell: continue the run in ``cfg.out`` from its checkpoint
+    when it is compatible, else replace whatever the folder holds."""
+    from . import checkpoint
+
+    out = Path(cfg.out)
+    if (out / checkpoint.NAME).exists() or (out / checkpoint.PREVIOUS).exists():
+        try:
+            prepare_out(cfg.replace(resume=True, overwrite=False))
+            return cfg.replace(resume=True, overwrite=False)
+        except ConfigError:
+            pass
+    return cfg.replace(resume=False, overwrite=True)
+
+
+def _history_from_csv(path: Path, upto: int) -> list[dict]:
+    rows = []
+    try:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                try:
+                    rnd = int(r["round"])
+                except (TypeError, ValueError):
+                    break  # a partly written last line
+                if rnd > upto:
+                    break
+                if any(v is None for v in r.values()):
+                    break
+                rows.append({k: _parse(v) for k, v in r.items()})
+    except OSError:
+        pass
+    return rows
+
+
+def _parse(v: str):
+    try:
+        i = int(v)
+        return i
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return v
 
 
 def run_loop(
@@ -127,67 +251,151 @@ def run_loop(
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
     summary_extra: Callable[[], dict] | None = None,
+    backend_state: BackendState | None = None,
 ) -> RunResult:
     """Run ``cfg.rounds`` rounds of ``round_fn`` and write the run's files to ``cfg.out``.
 
     ``summary_extra``, if given, is called once at the end (also after a failure) and its
-    items join ``summary.json``: a backend's own report.
+    items join ``summary.json``: a backend's own report. ``backend_state`` is the (get,
+    set) pair of what the backend keeps between rounds, saved in checkpoints.
+
+    Checkpoints (:mod:`fedhmc.checkpoint`) are written every ``--checkpoint-every`` rounds
+    (unset: at most once a minute), at the end, and when SIGINT or SIGTERM stops the run
+    after the round in flight. With ``--resume`` the run continues from its checkpoint and
+    gives the same numbers as a run that was never stopped.
 
     Raises
     ------
     NonFiniteError
         When θ̄ or an energy becomes non-finite; the files written so far stay valid.
+    RunInterrupted
+        When a signal stopped the run (its checkpoint and summary are written).
     """
-    writer = RunWriter(cfg.out, (*evaluator.columns, *ROUND_COLUMNS))
+    from . import checkpoint
+
+    if cfg.resume and backend_state is None:
+        raise ConfigError(
+            f"--algorithm {cfg.algorithm} cannot be resumed (its server state is not "
+            "checkpointed); start it again with --overwrite"
+        )
+    resumed = prepare_out(cfg)
+    columns = (*evaluator.columns, *ROUND_COLUMNS)
+    keep = None
+    if resumed is not None:
+        keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
+    writer = RunWriter(cfg.out, columns, keep_rows=keep)
     writer.write_config(cfg.to_dict())
     theta_bar = theta0
     result = RunResult(cfg, theta_bar)
-    grad_evals, t0 = 0, time.perf_counter()
+    grad_evals, wall_before = 0, 0.0
     totals = dict.fromkeys(ROUND_COLUMNS, 0)
-    status = "running"
-    bar = _progress(cfg.rounds, progress)
     draws: list[torch.Tensor] = []
     keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
-    try:
-        for r in range(1, cfg.rounds + 1):
-            new_theta, stats = round_fn(theta_bar, r)
-            grad_evals += stats.grad_evals
-            if not (stats.finite and torch.isfinite(new_theta).all()):
-                status = "diverged"
-                raise NonFiniteError(
-                    f"round {r}: the chain diverged (non-finite position or energy); "
-                    f"try a smaller --step-size than {cfg.step_size:g}, "
-                    f"e.g. {cfg.step_size / 2:g}"
-                )
-            theta_bar = new_theta
-            collect = is_collect_round(cfg, r)
-            metrics = evaluator(theta_bar, collect)
-            if collect and cfg.save_samples:
-                writer.add_sample(theta_bar)
-            if collect and keep_draws:
-                draws.append(theta_bar.detach().to("cpu", torch.float32).clone())
-                keep_draws = len(draws) * theta_bar.numel() <= DIAGNOSTICS_MAX_VALUES
-            extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
-            for k in ROUND_COLUMNS:
-                totals[k] += extra[k]
-            row = {
+    start = 1
+    if resumed is not None:
+        start = int(resumed["round"]) + 1
+        theta_bar = resumed["theta_bar"].to(theta0.device, theta0.dtype)
+        result.theta_bar = theta_bar
+        grad_evals = int(resumed["grad_evals"])
+        wall_before = float(resumed["wall_s"])
+        totals = {k: int(v) for k, v in resumed["totals"].items()}
+        keep_draws = bool(resumed["keep_draws"])
+        if resumed.get("draws") is not None:
+            draws = list(resumed["draws"].unbind(0))
+        if resumed.get("samples") is not None:
+            writer.samples = [x.numpy() for x in resumed["samples"].unbind(0)]
+        evaluator.load_state_dict(resumed["evaluator"])
+        if backend_state is not None:
+            backend_state[1](resumed.get("backend") or {})
+        result.history = keep
+    t0 = time.perf_counter()
+
+    def wall() -> float:
+        return wall_before + time.perf_counter() - t0
+
+    def save_checkpoint(r: int) -> None:
+        checkpoint.save(
+            cfg.out,
+            {
                 "round": r,
-                **metrics,
-                **extra,
-                "wall_s": time.perf_counter() - t0,
+                "config": cfg.to_dict(),
+                "theta_bar": theta_bar.detach().cpu(),
                 "grad_evals": grad_evals,
-            }
-            writer.write_row(row)
-            result.history.append(row)
-            result.theta_bar = theta_bar
-            if on_round is not None:
-                on_round(row)
-            if bar is not None:
-                bar.update(1)
-                bar.set_postfix(_postfix(metrics), refresh=False)
+                "wall_s": wall(),
+                "totals": totals,
+                "keep_draws": keep_draws,
+                "draws": torch.stack(draws) if draws and keep_draws else None,
+                "samples": (
+                    torch.from_numpy(__import__("numpy").stack(writer.samples))
+                    if writer.samples
+                    else None
+                ),
+                "evaluator": evaluator.state_dict(),
+                "backend": backend_state[0]() if backend_state is not None else {},
+            },
+        )
+
+    status = "running"
+    stop_round = None
+    last_ckpt = time.monotonic()
+    writer.write_summary({"status": "running", "rounds_completed": start - 1, "backend": backend})
+    bar = _progress(cfg.rounds, progress, initial=start - 1)
+    try:
+        with _Stop(announce=progress) as stop:
+            for r in range(start, cfg.rounds + 1):
+                new_theta, stats = round_fn(theta_bar, r)
+                grad_evals += stats.grad_evals
+                if not (stats.finite and torch.isfinite(new_theta).all()):
+                    status = "diverged"
+                    raise NonFiniteError(
+                        f"round {r}: the chain diverged (non-finite position or energy); "
+                        f"try a smaller --step-size than {cfg.step_size:g}, "
+                        f"e.g. {cfg.step_size / 2:g}"
+                    )
+                theta_bar = new_theta
+                collect = is_collect_round(cfg, r)
+                metrics = evaluator(theta_bar, collect)
+                if collect and cfg.save_samples:
+                    writer.add_sample(theta_bar)
+                if collect and keep_draws:
+                    draws.append(theta_bar.detach().to("cpu", torch.float32).clone())
+                    keep_draws = len(draws) * theta_bar.numel() <= DIAGNOSTICS_MAX_VALUES
+                extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
+                for k in ROUND_COLUMNS:
+                    totals[k] += extra[k]
+                row = {
+                    "round": r,
+                    **metrics,
+                    **extra,
+                    "wall_s": wall(),
+                    "grad_evals": grad_evals,
+                }
+                writer.write_row(row)
+                result.history.append(row)
+                result.theta_bar = theta_bar
+                if on_round is not None:
+                    on_round(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(_postfix(metrics), refresh=False)
+                every = cfg.checkpoint_every
+                due = (
+                    time.monotonic() - last_ckpt >= CHECKPOINT_SECONDS
+                    if every is None
+                    else every > 0 and r % every == 0
+                )
+                if stop.signum is not None or r == cfg.rounds or due:
+                    save_checkpoint(r)
+                    last_ckpt = time.monotonic()
+                if stop.signum is not None and r < cfg.rounds:
+                    stop_round = r
+                    status = "interrupted"
+                    raise RunInterrupted(stop.signum, r, str(cfg.out))
         status = "completed"
     except KeyboardInterrupt:
         status = "interrupted"
+        raise
+    except RunInterrupted:
         raise
     except Exception:
         status = "diverged" if status == "diverged" else "failed"
@@ -195,16 +403,17 @@ def run_loop(
     finally:
         if bar is not None:
             bar.close()
-        wall = time.perf_counter() - t0
+        total_wall = wall()
         rounds_done = len(result.history)
         final = {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
         result.summary = {
             "status": status,
             "rounds_completed": rounds_done,
+            "rounds": cfg.rounds,
             "final": finite_or_none(final),
-            "wall_s": wall,
+            "wall_s": total_wall,
             "grad_evals": grad_evals,
-            "grad_evals_per_s": grad_evals / max(wall, 1e-9),
+            "grad_evals_per_s": grad_evals / max(total_wall, 1e-9),
             "bytes_down": totals["bytes_down"],
             "bytes_up": totals["bytes_up"],
             "bytes_total": totals["bytes_down"] + totals["bytes_up"],
@@ -216,6 +425,15 @@ def run_loop(
             "protocol": protocol_record(cfg),
             "diagnostics": _diagnostics(draws, keep_draws),
         }
+        if resumed is not None:
+            result.summary["resumed_from_round"] = start - 1
+        if status == "interrupted":
+            result.summary["resume"] = f"fedhmc run --resume {cfg.out}"
+            if stop_round is None:
+                result.summary["note"] = (
+                    "stopped at once by a second signal: the last checkpoint is older than "
+                    "the last round in metrics.csv; --resume continues from the checkpoint"
+                )
         if getattr(evaluator, "ece_bins", None) is not None:
             result.summary["ece_bins"] = evaluator.ece_bins
         if summary_extra is not None:
@@ -263,6 +481,17 @@ class CarryState:
         self.momentum = momentum
         if settings.restart and settings.ends_trajectory(round_):
             self.origin = theta_bar
+
+    def state_dict(self) -> dict:
+        return {
+            k: None if v is None else v.detach().cpu()
+            for k, v in (("momentum", self.momentum), ("origin", self.origin))
+        }
+
+    def load_state_dict(self, state: dict, device="cpu") -> None:
+        for k in ("momentum", "origin"):
+            v = state.get(k)
+            setattr(self, k, None if v is None else v.to(device))
 
 
 def prepare(cfg: RunConfig) -> RunConfig:
@@ -325,6 +554,18 @@ def run(
         down, up = bytes_per_round(cfg, problem.dim, r)
         return theta_bar, RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
 
+    def get_state() -> dict:
+        return {
+            "carry": carry.state_dict(),
+            "anchor": None if anchor is None else anchor.correction.detach().cpu(),
+        }
+
+    def set_state(state: dict) -> None:
+        nonlocal anchor
+        carry.load_state_dict(state.get("carry") or {}, device)
+        a = state.get("anchor")
+        anchor = None if a is None else Anchor(a.to(device))
+
     return run_loop(
         cfg,
         problem.evaluator,
@@ -336,6 +577,7 @@ def run(
         backend="engine",
         progress=progress,
         on_round=on_round,
+        backend_state=(get_state, set_state),
     )
 
 
@@ -375,6 +617,23 @@ def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> 
         finite = bool(torch.isfinite(state.momentum).all())
         return state.theta, RoundStats(cfg.local_steps * cfg.chains, finite, 1, 0, 0, 0)
 
+    def get_state() -> dict:
+        return {
+            "theta": state.theta.cpu(),
+            "momentum": state.momentum.cpu(),
+            "ring": state.ring.cpu(),
+            "step": state.step,
+        }
+
+    def set_state(saved: dict) -> None:
+        nonlocal state
+        state = type(state)(
+            saved["theta"].to(device),
+            saved["momentum"].to(device),
+            saved["ring"].to(device),
+            int(saved["step"]),
+        )
+
     return run_loop(
         cfg,
         problem.evaluator,
@@ -386,15 +645,18 @@ def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> 
         backend="engine",
         progress=progress,
         on_round=on_round,
+        backend_state=(get_state, set_state),
     )
 
 
-def _progress(total: int, enabled: bool):
+def _progress(total: int, enabled: bool, initial: int = 0):
     if not enabled:
         return None
     from tqdm.auto import tqdm
 
-    return tqdm(total=total, desc="rounds", unit="round", disable=None, leave=False)
+    return tqdm(
+        total=total, initial=initial, desc="rounds", unit="round", disable=None, leave=False
+    )
 
 
 def _postfix(metrics: dict) -> dict:

@@ -239,15 +239,18 @@ def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = Tru
         done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == (
             "completed"
         )
-        if (
-            done
-            and json.loads((cell_dir / "config.json").read_text())
-            == cfg.resolve().replace(out=str(cell_dir)).to_dict()
+        from .sweep import same_run_settings
+
+        if done and same_run_settings(
+            json.loads((cell_dir / "config.json").read_text()),
+            json.loads(json.dumps(cfg.resolve().to_dict(), default=str)),
         ):
             with open(cell_dir / "metrics.csv") as f:
                 history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
         else:
-            history = run(cfg, progress=False).history
+            from .engine import prepare, resume_or_replace
+
+            history = run(resume_or_replace(prepare(cfg)), progress=False).history
         rows += [{**cell, **h} for h in history]
         if bar is not None:
             bar.update(1)

@@ -37,7 +37,12 @@ class RunWriter:
         ``wall_s`` and ``grad_evals``.
     """
 
-    def __init__(self, out: str | os.PathLike, columns: tuple[str, ...]):
+    def __init__(
+        self,
+        out: str | os.PathLike,
+        columns: tuple[str, ...],
+        keep_rows: list[dict] | None = None,
+    ):
         self.out = Path(out)
         try:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -50,9 +55,23 @@ class RunWriter:
                 "choose a writable directory"
             ) from None
         self.columns = ("round", *columns, "wall_s", "grad_evals")
-        self._csv_file = open(self.out / "metrics.csv", "w", newline="")  # noqa: SIM115
-        self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
-        self._csv.writeheader()
+        path = self.out / "metrics.csv"
+        if keep_rows is not None:
+            # Resuming: keep the rows up to the checkpoint's round, drop any after it.
+            def write(p: Path) -> None:
+                with open(p, "w", newline="") as f:
+                    w = csv.DictWriter(f, fieldnames=list(self.columns))
+                    w.writeheader()
+                    for row in keep_rows:
+                        w.writerow({k: row.get(k, "") for k in self.columns})
+
+            _atomic_write(path, write)
+            self._csv_file = open(path, "a", newline="")  # noqa: SIM115
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
+        else:
+            self._csv_file = open(path, "w", newline="")  # noqa: SIM115
+            self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
+            self._csv.writeheader()
         self._csv_file.flush()
         self.samples: list[np.ndarray] = []
 

@@ -322,10 +322,17 @@ def paper_figure(
     ``seed`` offsets the seeds (seed, seed + 1, …). Returns the summary (also written as
     ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md`` and plots).
     """
+    from .sweep import FolderLock
+
     budget = "quick" if quick else "full" if full else "reduced"
     fig = budget_figure(FIGURES[name], budget)
     out_dir = Path(out_dir)
     (out_dir / "cells").mkdir(parents=True, exist_ok=True)
+    with FolderLock(out_dir):
+        return _paper_figure(name, out_dir, fig, budget, seed, workers, protocols)
+
+
+def _paper_figure(name, out_dir, fig, budget, seed, workers, protocols) -> dict:
     t0 = time.perf_counter()
     for protocol in protocols:
         chosen: dict[int, dict] = {}

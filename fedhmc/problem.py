@@ -52,6 +52,14 @@ class PredictiveEvaluator:
         metrics = predictive_metrics(logp, self.y, ece_bins=self.ece_bins)
         return {"samples": self.bma.count, **metrics, "ece_bins": self.ece_bins}
 
+    def state_dict(self) -> dict:
+        """The running model average (for checkpoints)."""
+        return {"count": self.bma.count, "log_probs": self.bma.log_probs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bma.count = int(state["count"])
+        self.bma.log_probs = state["log_probs"]
+
 
 class GaussianEvaluator:
     """Per-round W₂ and mean error of the chains' current θ̄ against the exact posterior."""
@@ -67,6 +75,12 @@ class GaussianEvaluator:
             self.count += theta_bar.shape[0]
         w2, mean_err = gaussian_w2_diag(theta_bar, self.posterior.mean, self.posterior.var)
         return {"samples": self.count, "w2": w2, "mean_error": mean_err}
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state["count"])
 
 
 @dataclass

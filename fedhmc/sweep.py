@@ -174,9 +174,18 @@ def _cell_done(cell_dir: Path, cfg: RunConfig) -> bool:
     if summary.get("status") != "completed":
         return False
     want = json.loads(json.dumps(cfg.resolve().to_dict(), default=str))
-    config.pop("out", None)
-    want.pop("out", None)
-    return config == want
+    return same_run_settings(config, want)
+
+
+RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every")
+"""Settings that say how a run is carried out, not what it computes."""
+
+
+def same_run_settings(a: dict, b: dict) -> bool:
+    """Whether two config.json dicts describe the same computation."""
+    a = {k: v for k, v in a.items() if k not in RUN_ONLY_KEYS}
+    b = {k: v for k, v in b.items() if k not in RUN_ONLY_KEYS}
+    return a == b
 
 
 def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
@@ -192,7 +201,9 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
-        cfg = RunConfig.from_mapping({**settings, "out": cell_dir})
+        from .engine import prepare, resume_or_replace
+
+        cfg = resume_or_replace(prepare(RunConfig.from_mapping({**settings, "out": cell_dir})))
         if cfg.backend == "flower":
             from fedhmc_server.simulation import run_flower  # lazy: core never imports flwr
 
@@ -219,7 +230,66 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
 def _init_worker(threads: int) -> None:
     import torch
 
+    die_with_parent()
     torch.set_num_threads(threads)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (whatever kills it), so
+    that no worker goes on computing into a cell folder that a rerun would use. The
+    SIGTERM makes a running cell checkpoint and stop (see :mod:`fedhmc.checkpoint`)."""
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the request: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        pass
+
+
+class FolderLock:
+    """An exclusive lock on a sweep or experiment folder (``.lock``), so that two sweeps
+    never run into the same cells at once. Released when the process ends, however."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / ".lock"
+        self._f = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "another process"
+            self._f.close()
+            raise ConfigError(
+                f"{self.path.parent} is in use by {holder}; wait for it to finish, or stop "
+                "it (its cells resume from their checkpoints)"
+            ) from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"process {os.getpid()}")
+        self._f.flush()
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        if self._f is not None:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+        return False
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -229,6 +299,27 @@ def _write_json(path: Path, data: dict) -> None:
 
 
 def run_sweep(
+    out: str | os.PathLike,
+    grid: dict[str, list],
+    base: dict | None = None,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    log=print,
+) -> list[dict]:
+    """Run every cell of ``grid`` into ``out`` (see :func:`_run_sweep`), holding the
+    folder's lock so that two sweeps never share it."""
+    try:
+        lock = FolderLock(Path(out)).__enter__()
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
+    try:
+        return _run_sweep(out, grid, base, workers=workers, progress=progress, log=log)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _run_sweep(
     out: str | os.PathLike,
     grid: dict[str, list],
     base: dict | None = None,

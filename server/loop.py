@@ -228,11 +228,25 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
             carry.update(settings, r, new_bar, weighted_average(momenta, weights))
         return new_bar, stats
 
+    def get_state() -> dict:
+        a = None
+        if anchor is not None:
+            a = {"round": anchor[0], "theta": anchor[1].cpu(), "grad": anchor[2].cpu()}
+        return {"carry": carry.state_dict(), "anchor": a, "failed_rounds": failed_rounds}
+
+    def set_state(state: dict) -> None:
+        nonlocal anchor, failed_rounds
+        carry.load_state_dict(state.get("carry") or {})
+        a = state.get("anchor")
+        anchor = None if a is None else (int(a["round"]), a["theta"], a["grad"])
+        failed_rounds = int(state.get("failed_rounds", 0))
+
     return run_loop(
         cfg,
         evaluator,
         theta0,
         round_fn,
+        backend_state=(get_state, set_state),
         dim=dim,
         num_clients=len(sizes),
         description=description,

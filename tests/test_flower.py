@@ -339,3 +339,34 @@ def test_simulation_engine_equals_the_engine(tmp_path):
     flower = run_flower(cfg, progress=False)
     assert_same_run(engine, flower)
     assert flower.summary["backend"] == "flower"
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        dict(algorithm="fahmc-debiased", rho=0.5),
+        dict(protocol="authors", local_steps=3, leapfrog_steps=4, step_size=1e-4),
+    ],
+)
+def test_the_server_resumes_from_its_checkpoint_to_the_same_run(tmp_path, extra):
+    import os
+    import signal
+
+    from fedhmc.errors import RunInterrupted
+
+    cfg = small_cfg(tmp_path, "full", rounds=6, **extra)
+    engine = run(cfg, progress=False)
+    cut = cfg.replace(out=str(tmp_path / "cut"))
+    rc = cut.to_run_config()
+
+    def stop(row):
+        if row["round"] == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
+
+    grid = InProcessGrid(make_client_app(), cfg.num_clients, rc)
+    with pytest.raises(RunInterrupted):
+        serve(grid, cut, on_round=stop)
+    grid = InProcessGrid(make_client_app(), cfg.num_clients, rc)
+    resumed = serve(grid, cut.replace(resume=True))
+    assert resumed.summary["resumed_from_round"] == 2
+    assert_same_run(engine, resumed)
