@@ -228,7 +228,9 @@ class RunConfig:
             if name not in by_name:
                 raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
             choices = by_name[name].metadata.get("choices", ())
-            kwargs[name] = _coerce(key, value, hints[name], literal_none="none" in choices)
+            kwargs[name] = _coerce(
+                key.replace("_", "-"), value, hints[name], literal_none="none" in choices
+            )
         return cls(**kwargs)
 
     def to_run_config(self) -> dict[str, typing.Any]:
@@ -423,6 +425,13 @@ class RunConfig:
         need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
         bi = self.burn_in
         need(bi is None or bi >= 0, f"--burn-in must be ≥ 0, got {bi}")
+        need(
+            bi is None or bi < self.rounds,
+            f"--burn-in {bi} leaves no round to sample in --rounds {self.rounds}; "
+            f"use --burn-in below {self.rounds}",
+        )
+        if self.device != "cpu":
+            _check_device(self.device)
         need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
         need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
         need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
@@ -485,6 +494,31 @@ class RunConfig:
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+def _check_device(device: str) -> None:
+    """A one-line error for a device that this machine does not have."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}"
+            )
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {device}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device {device}: fedhmc runs on cpu, cuda or mps")
 
 
 def _coerce(key: str, value, hint, literal_none: bool = False):

@@ -355,6 +355,13 @@ def run_loop(
                 theta_bar = new_theta
                 collect = is_collect_round(cfg, r)
                 metrics = evaluator(theta_bar, collect)
+                sick = evaluator.health(metrics) if hasattr(evaluator, "health") else None
+                if sick is not None:
+                    status = "diverged"
+                    raise NonFiniteError(
+                        f"round {r}: {sick}; try a smaller --step-size than "
+                        f"{cfg.step_size:g}, e.g. {cfg.step_size / 10:g}"
+                    )
                 if collect and cfg.save_samples:
                     writer.add_sample(theta_bar)
                 if collect and keep_draws:

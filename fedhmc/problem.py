@@ -8,6 +8,7 @@ ServerApp and the Flower ClientApp all build theirs here, so they agree on the d
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -51,6 +52,24 @@ class PredictiveEvaluator:
             logp = self.bma.update(lp) if collect else mean_of_chains(lp)
         metrics = predictive_metrics(logp, self.y, ece_bins=self.ece_bins)
         return {"samples": self.bma.count, **metrics, "ece_bins": self.ece_bins}
+
+    def health(self, metrics: dict) -> str | None:
+        """Why the chain must be stopped although it is finite, or None.
+
+        A predictive far worse than a uniform guess (mean NLL above 10 log C) means the
+        chain has exploded: its samples put near-certain mass on wrong classes.
+        """
+        num_classes = getattr(self.model, "num_classes", None)
+        nll = metrics.get("nll_mean")
+        if num_classes is None or nll is None:
+            return None
+        uniform = math.log(num_classes)
+        if nll > 10.0 * uniform:
+            return (
+                f"the predictive is far worse than a uniform guess (mean NLL {nll:.4g} "
+                f"against {uniform:.3g}): the chain has exploded"
+            )
+        return None
 
     def state_dict(self) -> dict:
         """The running model average (for checkpoints)."""

@@ -518,9 +518,7 @@ def cell_rows(cell_dir: Path, cell: str | None = None, config: dict | None = Non
     except (OSError, ValueError):
         status = "incomplete" if (cell_dir / "metrics.csv").exists() else "missing"
     head = {"cell": cell or cell_dir.name, "status": status}
-    head.update(
-        {k.replace("_", "-"): v for k, v in config.items() if k not in RUN_ONLY_KEYS[1:]}
-    )
+    head.update({k.replace("_", "-"): v for k, v in config.items() if k not in RUN_ONLY_KEYS[1:]})
     try:
         history = _read_csv(cell_dir / "metrics.csv")
     except OSError:
