@@ -18,6 +18,7 @@ def main(argv):
     except SystemExit as e:
         return e.code
 
+
 BAD_RUN_OPTIONS = [
     (["--num-clients", "0"], "--num-clients"),
     (["--num-clients", "-3"], "--num-clients"),
