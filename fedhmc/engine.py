@@ -125,14 +125,36 @@ CHECKPOINT_SECONDS = 60.0
 """With ``--checkpoint-every`` unset, a checkpoint at most once a minute (and on a stop)."""
 
 
+class StopRequest:
+    """A stop asked for from another thread: the Flower simulation runs the server's round
+    loop in a thread of its own, so the main thread's signal handler records the signal
+    here and the loop stops after its round (:func:`request_stop`)."""
+
+    signum: int | None = None
+
+
+def request_stop(signum: int) -> None:
+    StopRequest.signum = signum
+
+
 class _Stop:
     """Signal handling for the duration of a run: the first SIGINT/SIGTERM asks the run to
-    stop after the round in flight; a second one stops it at once (KeyboardInterrupt)."""
+    stop after the round in flight; a second one stops it at once (KeyboardInterrupt).
+    Outside the main thread no handler can be installed; the loop then polls
+    :class:`StopRequest`."""
 
     def __init__(self, announce: bool):
-        self.signum: int | None = None
+        self._signum: int | None = None
         self.announce = announce
         self._old: dict = {}
+
+    @property
+    def signum(self) -> int | None:
+        return self._signum if self._signum is not None else StopRequest.signum
+
+    @signum.setter
+    def signum(self, value) -> None:
+        self._signum = value
 
     def __enter__(self):
         if threading.current_thread() is threading.main_thread():

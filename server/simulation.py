@@ -10,6 +10,9 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
+import sys
+import threading
 import warnings
 
 from fedhmc.config import RunConfig
@@ -33,6 +36,19 @@ def flower_environment(home: str | None = None) -> None:
     os.environ["FLWR_HOME"] = home
 
 
+def _hard_stop(signum: int) -> None:
+    """The second signal: shut Ray down (no worker left behind) and exit at once. The last
+    checkpoint stays valid; ``--resume`` continues from it."""
+    try:
+        import ray
+
+        ray.shutdown()
+    except Exception:  # noqa: BLE001 - exiting anyway
+        pass
+    print("fedhmc: stopped at once; --resume continues from the last checkpoint", file=sys.stderr)
+    os._exit(128 + int(signum))
+
+
 def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunResult:
     """Run ``cfg`` through Flower's simulation engine; same files as :func:`fedhmc.engine.run`.
 
@@ -46,8 +62,41 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
 
     result: dict = {}
     server = make_server_app(cfg, result)
+    from fedhmc.engine import StopRequest, request_stop
+
+    StopRequest.signum = None
+    old_handlers = {}
+
+    def on_signal(signum, frame):
+        if StopRequest.signum is not None:  # a second signal: stop at once
+            _hard_stop(signum)
+        request_stop(signum)
+        if progress:
+            print(
+                "\nfedhmc: stopping after this round (signal again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, on_signal)
     client = client_app or make_client_app(cfg.to_run_config())
     logging.getLogger("flwr").setLevel(logging.ERROR)
+    try:
+        _simulate(run_simulation, server, client, cfg)
+    finally:
+        for sig, handler in old_handlers.items():
+            signal.signal(sig, handler)
+        StopRequest.signum = None
+    if "error" in result:
+        raise result["error"]
+    if "result" not in result:
+        raise RuntimeError("the Flower simulation ended without a result; see its log")
+    return result["result"]
+
+
+def _simulate(run_simulation, server, client, cfg: RunConfig) -> None:
     cpus = max(1, min(os.cpu_count() or 1, cfg.num_clients))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -66,8 +115,3 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
                 },
             },
         )
-    if "error" in result:
-        raise result["error"]
-    if "result" not in result:
-        raise RuntimeError("the Flower simulation ended without a result; see its log")
-    return result["result"]

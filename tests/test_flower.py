@@ -3,6 +3,7 @@ in-process Grid (fast, deterministic), plus one run through Flower's simulation 
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -370,3 +371,57 @@ def test_the_server_resumes_from_its_checkpoint_to_the_same_run(tmp_path, extra)
     resumed = serve(grid, cut.replace(resume=True))
     assert resumed.summary["resumed_from_round"] == 2
     assert_same_run(engine, resumed)
+
+
+@pytest.mark.slow
+def test_ctrl_c_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path):
+    """SIGINT to `fedhmc run --backend flower`: the round in flight finishes, the
+    checkpoint is written, the command exits with 130 and no Ray process is left."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    out = tmp_path / "fl"
+    args = [
+        "--backend",
+        "flower",
+        "--num-clients",
+        "2",
+        "--rounds",
+        "40",
+        "--local-steps",
+        "20",
+        "--chains",
+        "2",
+        "--quiet",
+    ]
+    env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedhmc", "run", *args, "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        env=env,
+        text=True,
+    )
+    deadline = time.monotonic() + 240
+    while time.monotonic() < deadline:
+        try:
+            if len((out / "metrics.csv").read_text().splitlines()) > 2:
+                break
+        except OSError:
+            pass
+        time.sleep(0.2)
+    t0 = time.monotonic()
+    proc.send_signal(signal.SIGINT)
+    code = proc.wait(timeout=120)
+    took = time.monotonic() - t0
+    err = proc.stderr.read()
+    assert code == 130, err
+    assert took < 60, took
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    assert (out / "checkpoint.pt").exists()
+    left = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout
+    assert left.strip() == ""
