@@ -70,8 +70,10 @@ CASES = {
 }
 
 
-@pytest.mark.parametrize("case", list(CASES))
-@pytest.mark.parametrize("signum", [signal.SIGINT, signal.SIGTERM])
+@pytest.mark.parametrize(
+    "case,signum",
+    [(c, signal.SIGINT) for c in CASES] + [("authors-mid-trajectory", signal.SIGTERM)],
+)
 def test_interrupt_then_resume_equals_an_uninterrupted_run(tmp_path, case, signum):
     kw = {"num_clients": 3, "local_steps": 2, "leapfrog_steps": 3, "seed": 5, **CASES[case]}
     full = run(RunConfig(**kw, out=str(tmp_path / "full")), progress=False)
@@ -154,6 +156,7 @@ def test_a_corrupted_checkpoint_falls_back_to_the_previous_one(tmp_path, capsys)
         checkpoint.load(cut)
 
 
+@pytest.mark.slow
 def test_kill_9_leaves_a_resumable_directory(tmp_path):
     args = [
         "--num-clients",
@@ -179,7 +182,7 @@ def test_kill_9_leaves_a_resumable_directory(tmp_path):
     deadline = time.monotonic() + 120
     while time.monotonic() < deadline:
         try:
-            if len((cut / "metrics.csv").read_text().splitlines()) > 6:
+            if len((cut / "metrics.csv").read_text().splitlines()) > 4:
                 break
         except OSError:
             pass
