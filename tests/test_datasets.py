@@ -270,7 +270,7 @@ def test_unknown_name_lists_valid_names():
 
 
 def test_bad_options():
-    with pytest.raises(ConfigError, match="standardize, unit, none"):
+    with pytest.raises(ConfigError, match="standardize, unit, symmetric, none"):
         load_dataset("digits", scaling="minmax")
     with pytest.raises(ConfigError, match="only to blr-synthetic"):
         load_dataset("digits", dim=5)
