@@ -22,6 +22,10 @@ from .delayed import delayed_sgld_experiment
 from .errors import ConfigError
 
 
+ALGORITHM3 = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorithm3)"
+"""What the FA-HMC experiments that are not ``paper-*`` run; their summaries say so."""
+
+
 def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     with open(out_dir / f"{name}.csv", "w", newline="") as f:
@@ -101,6 +105,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
             )
     summary = {
         "experiment": "debiased-gaussian",
+        "protocol": ALGORITHM3,
         "posterior_mean": post.mean,
         "posterior_var": post.var,
         "settings": {"K": K, "step_size": eta, "rho": 1.0, "chains": chains, "dim": dim},
@@ -185,6 +190,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
         rows.append(row)
     summary = {
         "experiment": "gaussian-dim",
+        "protocol": ALGORITHM3,
         "settings": {"clients": 10, "K": K, "T": T, "step_size": "0.02 / d^(1/4)"},
         "threshold_w2sq": threshold,
         "rows": rows,
@@ -310,6 +316,7 @@ def _data_experiment(
     table = [{k: r[k] for k in keep if k in r} for r in final]
     summary = {
         "experiment": name,
+        "protocol": ALGORITHM3,
         "budget": budget,
         "base": base,
         "note": note,
@@ -734,6 +741,7 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
                 )
     summary = {
         "experiment": name,
+        "protocol": ALGORITHM3,
         "budget": budget,
         "dim": dim,
         "clients": 20,
@@ -897,6 +905,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     curve_rows = [{"T": T, "round": r, "me": v} for T in Ts for r, v in curves[T]]
     summary = {
         "experiment": "blr-T",
+        "protocol": ALGORITHM3,
         "budget": budget,
         "dim": dim,
         "clients": 20,
