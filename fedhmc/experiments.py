@@ -21,7 +21,6 @@ import torch
 from .delayed import delayed_sgld_experiment
 from .errors import ConfigError
 
-
 ALGORITHM3 = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorithm3)"
 """What the FA-HMC experiments that are not ``paper-*`` run; their summaries say so."""
 
