@@ -88,7 +88,7 @@ def test_flower_apps_equal_the_engine(tmp_path, rho):
     "extra",
     [
         # T not a multiple of K: rounds start mid-trajectory and carry the momentum.
-        dict(protocol="authors", local_steps=3, leapfrog_steps=4, rho=0.5),
+        dict(protocol="authors", local_steps=3, leapfrog_steps=4, rho=0.5, step_size=1e-4),
         dict(sync_unit="leapfrog", local_steps=5, leapfrog_steps=2, minibatch="reshuffle"),
         dict(sync_unit="leapfrog", restart_trajectories=True, fresh_gradients=True),
     ],
@@ -146,7 +146,7 @@ def _forgetful_client_app():
 
 
 def test_messages_carry_positions_round_seed_and_settings_but_no_private_seed(tmp_path):
-    cfg = small_cfg(tmp_path, "m", rounds=1)
+    cfg = small_cfg(tmp_path, "m", rounds=1, burn_in=0)
     result, grid = run_grid(cfg)
     train = [m for m in grid.sent if m.metadata.message_type == "train"]
     assert len(train) == 4
@@ -210,7 +210,7 @@ def test_client_that_raises_is_dropped_and_the_round_uses_the_others(tmp_path):
     assert [r["failed"] for r in result.history] == [0, 1, 0]
     assert result.summary["status"] == "completed" and result.summary["client_failures"] == 1
     # Round 2's average is the n_c-weighted average of the three other clients' updates.
-    theta1 = run_grid(cfg.replace(rounds=1, out=str(tmp_path / "r1")))[0].theta_bar
+    theta1 = run_grid(cfg.replace(rounds=1, burn_in=0, out=str(tmp_path / "r1")))[0].theta_bar
     theta2 = run_grid(cfg.replace(rounds=2, out=str(tmp_path / "r2")), failing)[0].theta_bar
     full = cfg.resolve()
     target = build_problem(full).target
