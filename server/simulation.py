@@ -84,7 +84,30 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     client = client_app or make_client_app(cfg.to_run_config())
     logging.getLogger("flwr").setLevel(logging.ERROR)
     try:
-        _simulate(run_simulation, server, client, cfg)
+        if old_handlers:
+            # Run the simulation in a thread of its own so that this (main) thread keeps
+            # the signal handlers: Ray installs its own SIGTERM handler when started from
+            # the main thread, which would abort the run mid-round.
+            failure: list[BaseException] = []
+
+            def body() -> None:
+                try:
+                    _simulate(run_simulation, server, client, cfg)
+                except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+                    failure.append(e)
+
+            worker = threading.Thread(target=body, name="flower-simulation", daemon=True)
+            worker.start()
+            while worker.is_alive():
+                worker.join(timeout=0.2)
+                # Ray's native code installs handlers of its own once it has started;
+                # take SIGINT and SIGTERM back (a cheap call).
+                for sig in old_handlers:
+                    signal.signal(sig, on_signal)
+            if failure:
+                raise failure[0]
+        else:
+            _simulate(run_simulation, server, client, cfg)
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
