@@ -275,6 +275,11 @@ class RunConfig:
                 f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
             )
         protocol = self.protocol or "algorithm3"
+        if protocol == "authors" and self.algorithm not in ("fahmc", "fald"):
+            raise ConfigError(
+                f"--protocol authors is a way to run FA-HMC; use --algorithm fahmc or fald, "
+                f"not {self.algorithm}"
+            )
         unset = {
             **_GENERIC_DEFAULTS,
             **protocol_settings(protocol, self.dataset),
