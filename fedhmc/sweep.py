@@ -33,7 +33,7 @@ from collections.abc import Iterable
 from pathlib import Path
 
 from .config import RunConfig
-from .errors import ConfigError, FedHMCError
+from .errors import ConfigError, FedHMCError, RunInterrupted
 
 SETTINGS_COLUMNS = ("cell", "status")
 """The table's first columns; every RunConfig key (kebab-case) follows, then the metrics."""
@@ -212,6 +212,10 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
             from .engine import run
 
             run(cfg, progress=False)
+    except RunInterrupted as e:
+        status, error = "interrupted", str(e)
+        if _PARENT is not None and os.getppid() != _PARENT:
+            os._exit(e.exit_code)  # the sweep is gone: its checkpoint written, stop here
     except FedHMCError as e:
         status, error = "failed", str(e)
     except Exception as e:  # noqa: BLE001 - a failed cell must not stop the sweep
@@ -227,9 +231,15 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
     return {"status": status, "error": error}
 
 
+_PARENT: int | None = None
+"""In a worker process: the pid of the sweep that started it."""
+
+
 def _init_worker(threads: int) -> None:
     import torch
 
+    global _PARENT
+    _PARENT = os.getppid()
     die_with_parent()
     torch.set_num_threads(threads)
 

@@ -230,3 +230,60 @@ def test_bad_input_exits_2_with_one_line(tmp_path, capsys, argv, needle):
     assert main(["sweep", *argv, "--quiet", "--out", str(tmp_path / "x")]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("fedhmc sweep: error:") and needle in err
+
+
+def _children(pid: int) -> list[int]:
+    out = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            out.append(int(stat.parent.name))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return False
+    return fields[0] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and prctl")
+def test_workers_die_with_a_killed_sweep_and_the_folder_is_locked(tmp_path, capsys):
+    out = tmp_path / "locked"
+    args = ["sweep", "--grid", GRID, "--rounds", "400", "--local-steps", "2"]
+    args += ["--leapfrog-steps", "2", "--quiet", "--workers", "2", "--out", str(out)]
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedhmc", *args],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "OMP_NUM_THREADS": "1"},
+    )
+    try:
+        deadline = time.monotonic() + 120
+        workers: list[int] = []
+        while time.monotonic() < deadline:
+            workers = [
+                p
+                for p in _children(proc.pid)
+                if "spawn_main" in Path(f"/proc/{p}/cmdline").read_bytes().decode(errors="replace")
+            ]
+            if len(workers) == 2 and list(out.glob("cells/*/metrics.csv")):
+                break
+            time.sleep(0.1)
+        assert len(workers) == 2
+        # A second sweep into the same folder is refused while the first runs.
+        capsys.readouterr()
+        assert main(args) == 2
+        assert "in use" in capsys.readouterr().err
+    finally:
+        proc.kill()
+        proc.wait()
+    deadline = time.monotonic() + 60
+    while any(_alive(p) for p in workers) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not any(_alive(p) for p in workers)
