@@ -672,7 +672,6 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
     forked where the platform allows (the experiment's process runs no threads of its own
     when it forks, and workers use one torch thread), else spawned.
     """
-    import csv
     import json
 
     out_dir = Path(out_dir)
@@ -766,11 +765,10 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
         "rows": rows,
         "runs": extra,
     }
-    with open(out_dir / "delayed_sgld.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(curves[0]))
-        w.writeheader()
-        w.writerows(curves)
-    (out_dir / "delayed_sgld.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from .output import write_csv_atomic, write_text_atomic
+
+    write_csv_atomic(out_dir / "delayed_sgld.csv", curves)
+    write_text_atomic(out_dir / "delayed_sgld.json", json.dumps(summary, indent=2) + "\n")
     _plots(out_dir, curves, scales, floor, eps)
     return summary
 

@@ -26,12 +26,11 @@ ALGORITHM3 = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorit
 
 
 def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
+    from .output import write_csv_atomic, write_text_atomic
+
     out_dir.mkdir(parents=True, exist_ok=True)
-    with open(out_dir / f"{name}.csv", "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=list(rows[0]))
-        w.writeheader()
-        w.writerows(rows)
-    (out_dir / f"{name}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_csv_atomic(out_dir / f"{name}.csv", rows)
+    write_text_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2) + "\n")
 
 
 def _figure(width: float = 6.0, height: float = 4.0):
@@ -322,7 +321,9 @@ def _data_experiment(
         "paper_200_rounds": paper,
         "rows": table,
     }
-    (out_dir / f"{file}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    from .output import write_text_atomic
+
+    write_text_atomic(out_dir / f"{file}.json", json.dumps(summary, indent=2) + "\n")
     _metric_panels(rows, hue, title, out_dir / file, paper)
     return summary
 

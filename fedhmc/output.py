@@ -18,10 +18,33 @@ import numpy as np
 from .errors import ConfigError
 
 
-def _atomic_write(path: Path, write) -> None:
+def atomic_write(path: str | os.PathLike, write) -> None:
+    """Call ``write(tmp)`` on a temporary name beside ``path``, then rename it into place:
+    readers see the old file or the new one, never half of one."""
+    path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     write(tmp)
     os.replace(tmp, path)
+
+
+_atomic_write = atomic_write
+
+
+def write_text_atomic(path: str | os.PathLike, text: str) -> None:
+    atomic_write(path, lambda p: p.write_text(text))
+
+
+def write_csv_atomic(path: str | os.PathLike, rows: list[dict], fieldnames=None) -> None:
+    """A CSV of ``rows`` (columns: ``fieldnames`` or the first row's keys), atomically."""
+    cols = list(fieldnames if fieldnames is not None else (rows[0] if rows else []))
+
+    def write(p: Path) -> None:
+        with open(p, "w", newline="") as f:
+            w = csv.DictWriter(f, fieldnames=cols)
+            w.writeheader()
+            w.writerows(rows)
+
+    atomic_write(path, write)
 
 
 class RunWriter:

@@ -35,6 +35,7 @@ from pathlib import Path
 
 from .config import RunConfig
 from .errors import ConfigError
+from .output import write_text_atomic
 
 AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7)
 """The step sizes the authors' tuning script tries (temperature 0.005)."""
@@ -432,13 +433,13 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
         "tuning": tuning,
         "rows": rows,
     }
-    (out_dir / f"{stem}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out_dir / f"{stem}.json", json.dumps(summary, indent=2) + "\n")
     if rows:
         _write_csv(out_dir / f"{stem}.csv", rows)
     if curves:
         _write_csv(out_dir / f"{stem}_curves.csv", curves)
         _plot(out_dir / stem, fig, curves)
-    (out_dir / f"{stem}.md").write_text(markdown_table(summary))
+    write_text_atomic(out_dir / f"{stem}.md", markdown_table(summary))
     return summary
 
 
@@ -729,7 +730,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
     if parity is None or parity.get("key") != parity_key:
         parity = blr_parity(base.replace(dim=10), Ts=parity_Ts, quick=quick)
         parity["key"] = parity_key
-        parity_file.write_text(json.dumps(parity, indent=1))
+        write_text_atomic(parity_file, json.dumps(parity, indent=1))
     summary = {
         "experiment": "paper-blr-T",
         "budget": budget,
@@ -757,7 +758,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         ],
     )
     _write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
-    (out_dir / "paper_blr_T.json").write_text(json.dumps(summary, indent=2) + "\n")
+    write_text_atomic(out_dir / "paper_blr_T.json", json.dumps(summary, indent=2) + "\n")
     _plot_blr(out_dir / "paper_blr_T.png", summary, curves, Ts)
     return summary
 

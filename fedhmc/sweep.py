@@ -580,8 +580,10 @@ def write_table(out: str | os.PathLike, rows: list[dict]) -> list[Path]:
     except ImportError:
         return written
     try:
+        from .output import atomic_write
+
         table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
-        pq.write_table(table, out / "results.parquet")
+        atomic_write(out / "results.parquet", lambda p: pq.write_table(table, p))
         written.append(out / "results.parquet")
     except (pa.ArrowException, TypeError, ValueError):  # mixed types: the CSV is the record
         pass
@@ -800,10 +802,9 @@ def format_selection(sel: dict) -> str:
 def write_selection(out: str | os.PathLike, sel: dict) -> Path:
     path = Path(out) / "selected.csv"
     cols = list(sel["selected"][0]) if sel["selected"] else [*sel["keys"], "step-size"]
-    with open(path, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows(sel["selected"])
+    from .output import write_csv_atomic
+
+    write_csv_atomic(path, sel["selected"], cols)
     return path
 
 

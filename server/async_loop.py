@@ -20,7 +20,6 @@ worker stops the run with a clear message. At the end, requests in flight are ab
 
 from __future__ import annotations
 
-import csv
 import logging
 import time
 from pathlib import Path
@@ -34,6 +33,7 @@ from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, pooled_histogram, sta
 from fedhmc.config import RunConfig
 from fedhmc.engine import RoundStats, RunResult, prepare, run_loop
 from fedhmc.errors import ConfigError, FedHMCError
+from fedhmc.output import write_csv_atomic
 from fedhmc.problem import build_evaluator, initial_position, torch_dtype
 from fedhmc.sgmcmc import chain_keys
 
@@ -225,15 +225,13 @@ class AsyncServer:
     def write(self, out: str, report: dict) -> None:
         """``staleness.csv`` and ``workers.csv`` (the report itself joins summary.json)."""
         out_dir = Path(out)
-        with open(out_dir / "staleness.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, ["chain", "staleness", "received", "applied", "dropped"])
-            w.writeheader()
-            w.writerows(staleness_rows(self.chains))
+        write_csv_atomic(
+            out_dir / "staleness.csv",
+            staleness_rows(self.chains),
+            ["chain", "staleness", "received", "applied", "dropped"],
+        )
         cols = ["node", "partition", "chain", "applied", "dropped", "errors", "lost", "retired"]
-        with open(out_dir / "workers.csv", "w", newline="") as f:
-            w = csv.DictWriter(f, cols)
-            w.writeheader()
-            w.writerows(report["per_worker"])
+        write_csv_atomic(out_dir / "workers.csv", report["per_worker"], cols)
 
 
 def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
