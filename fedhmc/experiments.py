@@ -617,6 +617,25 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
 
 
 # ---------------------------------------------------------------- simulated BLR
+def blr_config(dim: int, chains: int, seed: int, K: int, eta: float, **extra):
+    """The simulated-BLR setting of the paper's Figure 1: 20 iid clients, full-batch
+    gradients, K leapfrog steps of size η (resolved)."""
+    from .config import RunConfig
+
+    return RunConfig(
+        dataset="blr-synthetic",
+        dim=dim,
+        num_clients=20,
+        partition="iid",
+        batch_size=0,
+        leapfrog_steps=K,
+        step_size=eta,
+        chains=chains,
+        seed=seed,
+        **extra,
+    ).resolve()
+
+
 def blr_reference(cfg, *, chains: int, warmup: int, samples: int, cache: Path | None = None):
     """MHMC reference draws (chains·samples, D) of a blr-synthetic config's posterior, and
     the sampler's info; cached as .npy/.json under ``cache`` keyed by the settings."""
@@ -833,7 +852,6 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     iterations or 5 rounds; full: the paper's d = 1000, T ∈ {1, 10, 20, …, 100}, 5,000
     iterations or 100 rounds (days on 2 cores).
     """
-    from .config import RunConfig
     from .metrics import wasserstein1_marginals
     from .problem import build_problem
     from .sampler import SamplerSettings, run_round
@@ -845,19 +863,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
         "full": (1000, (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100), 16, 5000, 100),
     }[budget]
     K, eta, noise = 100, 0.01, 10.0
-    base = RunConfig(
-        dataset="blr-synthetic",
-        dim=dim,
-        num_clients=20,
-        partition="iid",
-        batch_size=0,
-        leapfrog_steps=K,
-        step_size=eta,
-        grad_noise=noise,
-        chains=chains,
-        seed=seed,
-        dtype="float32",
-    ).resolve()
+    base = blr_config(dim, chains, seed, K, eta, grad_noise=noise)
     ref_sizes = {"quick": (4, 100, 100), "reduced": (8, 300, 500), "full": (16, 1000, 1000)}
     rc, rw, rs = ref_sizes[budget]
     from fedhmc_datasets.locate import cache_dir

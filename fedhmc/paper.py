@@ -604,7 +604,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
     import torch
     from fedhmc_datasets.locate import cache_dir
 
-    from .experiments import blr_reference, evaluation_rounds, rounds_to_reach
+    from .experiments import blr_config, blr_reference, evaluation_rounds, rounds_to_reach
     from .metrics import wasserstein1_marginals
     from .problem import build_problem
     from .sampler import SamplerSettings
@@ -613,17 +613,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
     dim, Ts, chains, iters, (rc, rw, rs) = BLR_BUDGETS[budget]
     # The paper's K = 100, η = 0.01 (Kη = 1); the quick check keeps Kη = 1 with K = 10.
     K, eta, noise = (10, 0.1, 10.0) if quick else (100, 0.01, 10.0)
-    base = RunConfig(
-        dataset="blr-synthetic",
-        dim=dim,
-        num_clients=20,
-        partition="iid",
-        batch_size=0,
-        leapfrog_steps=K,
-        step_size=eta,
-        chains=chains,
-        seed=seed,
-    ).resolve()
+    base = blr_config(dim, chains, seed, K, eta)
     reference, ref_info = blr_reference(
         base, chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
     )

@@ -317,27 +317,6 @@ def run_sweep(
     progress: bool = True,
     log=print,
 ) -> list[dict]:
-    """Run every cell of ``grid`` into ``out`` (see :func:`_run_sweep`), holding the
-    folder's lock so that two sweeps never share it."""
-    try:
-        lock = FolderLock(Path(out)).__enter__()
-    except OSError as e:
-        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
-    try:
-        return _run_sweep(out, grid, base, workers=workers, progress=progress, log=log)
-    finally:
-        lock.__exit__(None, None, None)
-
-
-def _run_sweep(
-    out: str | os.PathLike,
-    grid: dict[str, list],
-    base: dict | None = None,
-    *,
-    workers: int = 1,
-    progress: bool = True,
-    log=print,
-) -> list[dict]:
     """Run every cell of ``grid`` (on top of ``base``) into ``out/cells/`` and build the table.
 
     Parameters
@@ -362,6 +341,18 @@ def _run_sweep(
     list of dict
         The tidy table's rows (also in ``out/results.csv``).
     """
+    try:
+        lock = FolderLock(Path(out)).__enter__()  # two sweeps never share a folder
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
+    try:
+        return _run_sweep(out, grid, base, workers, progress, log)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _run_sweep(out, grid, base, workers, progress, log) -> list[dict]:
+    """:func:`run_sweep`'s body, run while the folder's lock is held."""
     base = dict(base or {})
     base.pop("out", None)
     clash = sorted(set(grid) & set(base))
