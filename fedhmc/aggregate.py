@@ -1,4 +1,4 @@
-"""Server-side averaging: θ̄ = Σ_c w_c θ^(c) (ALGORITHMS.md §3, step 3).
+"""Server-side averaging: θ̄ = Σ_c w_c θ^(c) (docs/algorithms.md, step 3).
 
 Pure tensor functions, shared by the in-process engine and the Flower ServerApp.
 """

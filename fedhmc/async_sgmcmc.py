@@ -1,4 +1,4 @@
-"""Asynchronous distributed SG-MCMC: the server side of one chain (ALGORITHMS.md §5).
+"""Asynchronous distributed SG-MCMC: the server side of one chain (docs/algorithms.md).
 
 Chen et al. (2016), Appendix A, Algorithm 2: a server holds θ (and the SGHMC momentum q)
 and a timestamp t, the number of updates it has applied. Workers receive (θ, t), compute a
@@ -217,7 +217,7 @@ STREAM_ASYNC_BATCH = 24
 def worker_target(cfg, partition_id: int, num_total: int | None = None):
     """What a worker differentiates: (target, n_c).
 
-    On data, the worker's own partition with the energy of ALGORITHMS.md §1, f^(c) (its data
+    On data, the worker's own partition with the energy of docs/algorithms.md, f^(c) (its data
     scaled up to n, plus the prior): its minibatch gradient ∇f̃^(c) is an unbiased estimate
     of ∇f when the partition is iid (``--partition iid``), and a biased one otherwise. On
     the synthetic Gaussian targets every worker holds the pooled energy f (as ``sghmc``

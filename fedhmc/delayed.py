@@ -1,4 +1,4 @@
-"""Shared-memory delayed SGLD (Kungurtsev, Chatterjee, Alistarh; ALGORITHMS.md §5).
+"""Shared-memory delayed SGLD (Kungurtsev, Chatterjee, Alistarh; docs/algorithms.md).
 
 P worker processes on one machine share the parameter tensor X (``share_memory_()``) and
 run SGLD on it,

@@ -1,4 +1,4 @@
-"""Metropolis-adjusted HMC on the pooled data: the reference sampler (ALGORITHMS.md §6).
+"""Metropolis-adjusted HMC on the pooled data: the reference sampler (docs/algorithms.md).
 
 The reference runs S chains at once with full-batch gradients of the pooled energy
 f = Σ_c w_c f^(c) (the full-data negative log posterior), K leapfrog steps per proposal and

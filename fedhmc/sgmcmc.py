@@ -1,4 +1,4 @@
-"""SG-MCMC with stale gradients: SGHMC (Euler, friction B) and SGLD (ALGORITHMS.md §5).
+"""SG-MCMC with stale gradients: SGHMC (Euler, friction B) and SGLD (docs/algorithms.md).
 
 Chen et al. (2016), Algorithm 1, and the delayed SGLD of Kungurtsev et al. The gradient at
 step l is evaluated at the position of step l − τ_l:

@@ -1,6 +1,6 @@
 """Federated targets: the clients' local energies f^(c) and their stochastic gradients.
 
-ALGORITHMS.md §1. Client c holds n_c points, n = Σ n_c, w_c = n_c / n, and
+The target (docs/algorithms.md). Client c holds n_c points, n = Σ n_c, w_c = n_c / n, and
 
     f^(c)(θ) = (n / n_c) Σ_i ℓ(θ; z_i^c) − log p₀(θ),     f = Σ_c w_c f^(c),
 
@@ -398,7 +398,7 @@ def fahmc_gaussian_stationary(
     local-drift bias of the algorithm, so a test can compare the sampler against it with
     Monte Carlo tolerances alone.
 
-    With ``debiased=True`` it is the law of debiased FA-HMC (ALGORITHMS.md §4) with the
+    With ``debiased=True`` it is the law of debiased FA-HMC (docs/algorithms.md) with the
     previous-anchor schedule of :func:`fedhmc.sampler.debiased_round`: client c's gradient
     becomes a_c θ + (ā − a_c) θ_a − Σ_j w_j a_j μ_j (a_c = 1/s_c², ā = Σ w_c a_c; the μ_c
     cancel), where θ_a = θ̄_{r−2} is the anchor, so a round maps

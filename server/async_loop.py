@@ -1,5 +1,5 @@
 """Asynchronous distributed SG-MCMC on Flower: the ServerApp body for ``async-sghmc`` and
-``async-sgld`` (Chen et al. 2016, Appendix A, Algorithm 2; ALGORITHMS.md §5).
+``async-sgld`` (Chen et al. 2016, Appendix A, Algorithm 2; docs/algorithms.md).
 
 S = ``--chains`` servers (independent chains), W workers (the SuperNodes), worker i serving
 chain i mod S. The server sends every worker θ of its chain with ``push_messages``; from

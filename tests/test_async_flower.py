@@ -362,7 +362,7 @@ def test_async_sghmc_in_flower_simulation_recovers_the_gaussian(tmp_path):
 
 
 def test_data_workers_send_their_partition_gradient(tmp_path):
-    """On data, worker c sends ∇f̃^(c) (its data scaled to n, ALGORITHMS.md §1): the
+    """On data, worker c sends ∇f̃^(c) (its data scaled to n, docs/algorithms.md): the
     ClientApp's reply equals the engine's client target's gradient at the same θ."""
     from fedhmc_clients.app import handle_grad
     from flwr.app import Array, ArrayRecord, ConfigRecord

@@ -1,4 +1,4 @@
-"""Debiased FA-HMC (ALGORITHMS.md §4) against its exact stationary law on Gaussian clients.
+"""Debiased FA-HMC (docs/algorithms.md) against its exact stationary law on Gaussian clients.
 
 On the heterogeneous Gaussian, ``fahmc_gaussian_stationary(..., debiased=True)`` gives the
 exact stationary law of debiased FA-HMC's θ̄ with the previous-anchor schedule (an AR(2) in
