@@ -327,6 +327,27 @@ def local_iterations(
     return theta, info
 
 
+def _clients_round(
+    target, theta_bar, seed_of_round, seeds, chains, round_, settings, correction, momentum, origin
+):
+    """Every client's round from the broadcast (S, D) values: the one path of
+    :func:`run_round` (all clients) and :func:`client_update` (one client)."""
+    S, D = theta_bar.shape
+    shared, private = round_keys(seed_of_round, seeds, round_, chains)
+    return local_iterations(
+        target,
+        theta_bar.unsqueeze(1).expand(S, seeds.shape[0], D),
+        shared,
+        private,
+        settings,
+        correction,
+        round_=round_,
+        momentum=None if momentum is None else momentum.unsqueeze(1),
+        origin=None if origin is None else origin.unsqueeze(1),
+        reshuffle_keys=data_keys(seeds, chains),
+    )
+
+
 def run_round(
     target,
     theta_bar: torch.Tensor,
@@ -369,19 +390,17 @@ def run_round(
     chains = torch.arange(S, device=device) if chains is None else chains
     ids = torch.arange(N) if client_ids is None else client_ids
     seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
-    shared, private = round_keys(round_seed(seed, round_), seeds, round_, chains)
-    theta = theta_bar.unsqueeze(1).expand(S, N, D)
-    theta, info = local_iterations(
+    theta, info = _clients_round(
         target,
-        theta,
-        shared,
-        private,
+        theta_bar,
+        round_seed(seed, round_),
+        seeds,
+        chains,
+        round_,
         settings,
         correction,
-        round_=round_,
-        momentum=None if momentum is None else momentum.unsqueeze(1),
-        origin=None if origin is None else origin.unsqueeze(1),
-        reshuffle_keys=data_keys(seeds, chains),
+        momentum,
+        origin,
     )
     if info.momentum is not None:
         info.momentum = weighted_average(info.momentum, target.weights)
@@ -430,19 +449,9 @@ def client_update(
     S, D = theta_bar.shape
     chains = torch.arange(S, device=theta_bar.device) if chains is None else chains
     seeds = torch.tensor([seed_of_client], device=theta_bar.device)
-    shared, private = round_keys(seed_of_round, seeds, round_, chains)
     corr = None if correction is None else correction.unsqueeze(1)
-    theta, info = local_iterations(
-        target,
-        theta_bar.unsqueeze(1),
-        shared,
-        private,
-        settings,
-        corr,
-        round_=round_,
-        momentum=None if momentum is None else momentum.unsqueeze(1),
-        origin=None if origin is None else origin.unsqueeze(1),
-        reshuffle_keys=data_keys(seeds, chains),
+    theta, info = _clients_round(
+        target, theta_bar, seed_of_round, seeds, chains, round_, settings, corr, momentum, origin
     )
     if info.momentum is not None:
         info.momentum = info.momentum[:, 0]
