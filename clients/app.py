@@ -5,7 +5,8 @@ Message contract (see ``fedhmc_server.loop``):
 - ``query`` → reply ``metrics``: ``num-examples`` (n_c) and ``partition-id``;
 - ``train`` with ``arrays["theta"]`` (θ̄, chains × d) and ``config`` (round, round-seed,
   num-examples-total, sampler settings) → reply ``arrays["theta"]`` (this client's new
-  positions) and ``metrics``: ``num-examples``, ``partition-id``, ``energy``.
+  positions) and ``metrics``: ``num-examples``, ``partition-id``, ``energy``,
+  ``energy-error``.
 - with ``sync-unit = leapfrog``, ``train`` also carries ``arrays["momentum"]`` (the averaged
   momentum) when the round continues a trajectory, and ``arrays["origin"]`` (X₀) under
   ``restart-trajectories``; the reply adds ``arrays["momentum"]``, this client's end momentum.
@@ -70,7 +71,7 @@ def handle_train(msg: Message, context: Context, run_config: dict | None = None)
             arrays["anchor"].numpy() if sent else None,
             arrays["anchor-grad"].numpy() if sent else None,
         )
-    theta, n_c, energy, momentum = local_update(
+    theta, n_c, energy, momentum, energy_error = local_update(
         cfg,
         pid,
         theta_bar,
@@ -80,7 +81,14 @@ def handle_train(msg: Message, context: Context, run_config: dict | None = None)
         momentum=arrays["momentum"].numpy() if "momentum" in arrays else None,
         origin=arrays["origin"].numpy() if "origin" in arrays else None,
     )
-    metrics = MetricRecord({"num-examples": n_c, "partition-id": pid, "energy": energy})
+    metrics = MetricRecord(
+        {
+            "num-examples": n_c,
+            "partition-id": pid,
+            "energy": energy,
+            "energy-error": energy_error,
+        }
+    )
     reply = {"theta": Array(theta)}
     if momentum is not None:
         reply["momentum"] = Array(momentum)

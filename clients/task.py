@@ -112,9 +112,10 @@ def local_update(
 
     Returns
     -------
-    (theta, num_examples, energy, momentum)
-        New positions (S, D) as a numpy array of the run's dtype, n_c, the energy, and
-        the end momentum (S, D) under ``sync-unit = leapfrog`` (else None).
+    (theta, num_examples, energy, momentum, energy_error)
+        New positions (S, D) as a numpy array of the run's dtype, n_c, the energy, the
+        end momentum (S, D) under ``sync-unit = leapfrog`` (else None), and the mean |ΔH|
+        per leapfrog trajectory over the chains (the health check's input).
     """
     settings = {k: round_config[k] for k in SETTING_KEYS}
     cfg = cfg.replace(
@@ -150,7 +151,8 @@ def local_update(
         origin=None if origin is None else torch.as_tensor(origin).to(dtype),
     )
     p = None if info.momentum is None else info.momentum.numpy()
-    return theta.numpy(), n_c, float(info.energy.max()), p
+    de = float(info.energy_error.mean())
+    return theta.numpy(), n_c, float(info.energy.max()), p, de
 
 
 def anchor_step(

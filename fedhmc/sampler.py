@@ -197,6 +197,26 @@ class RoundInfo:
     momentum: torch.Tensor | None = None
     """The momenta at the end of the round: (S, N, D) from :func:`local_iterations`, the
     w-weighted average (S, D) from :func:`run_round`; None unless ``sync_unit="leapfrog"``."""
+    energy_error: torch.Tensor | None = None
+    """(S, N): the leapfrog's mean absolute energy error |ΔH| per trajectory this round,
+    estimated from the gradients the integrator evaluated anyway (:func:`energy_error_terms`);
+    a health check, exact for a Gaussian energy."""
+
+
+def energy_error_sign(k: int, steps: int, fresh: bool) -> int:
+    """The sign of |g_k|² in the leapfrog's energy error over one trajectory piece.
+
+    One velocity-Verlet step changes H = U + |p|²/2 by (η²/8)(|g_{k+1}|² − |g_k|²) plus the
+    error of the trapezoid rule ½(g_k + g_{k+1})·(θ_{k+1} − θ_k) for U(θ_{k+1}) − U(θ_k),
+    which vanishes for a quadratic U. Over K steps the sum telescopes to
+    (η²/8)(|g_K|² − |g_0|²): the first evaluation counts −1 and the last +1. With fresh
+    gradients (evaluations 2k at θ_k and 2k + 1 at θ_{k+1}, on different minibatches) the
+    same two ends are used: the per-step terms would add the minibatch noise of |g|² 2K
+    times over, which measures the noise, not the integrator. Costs one reduction for each
+    end and no extra gradient.
+    """
+    last = 2 * steps - 1 if fresh else steps
+    return -1 if k == 0 else (1 if k == last else 0)
 
 
 def round_seed(seed: int, round_: int) -> int:
@@ -282,6 +302,9 @@ def local_iterations(
         keys_batch, offset, plan = rng.derive(private_keys, rng.STREAM_MINIBATCH), 0, True
     sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
     last_energy = torch.zeros(S, N, dtype=theta.dtype, device=theta.device)
+    abs_dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
+    trajectories = 0.0
+    fresh = settings.fresh_gradients
     total = settings.evals_in_round(round_)
     p = None if momentum is None else momentum.expand(S, N, D)
     for seg in settings.segments(round_):
@@ -305,10 +328,11 @@ def local_iterations(
             )
         base = seg.first_eval
         if plan:
-            seg_evals = 2 * seg.steps if settings.fresh_gradients else seg.steps + 1
+            seg_evals = 2 * seg.steps if fresh else seg.steps + 1
             target.prefetch(keys_batch, base, seg_evals, horizon=total - base)
+        dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
 
-        def grad_fn(th: torch.Tensor, k: int, base=base) -> torch.Tensor:
+        def grad_fn(th: torch.Tensor, k: int, base=base, steps=seg.steps, dh=dh) -> torch.Tensor:
             # The energy is only needed once a round, to stop a diverging chain.
             need_energy = base + k == total - 1
             g, energy = target.grad(th, keys_batch, offset + base + k, need_energy)
@@ -320,10 +344,20 @@ def local_iterations(
                 g = g.mul_(inv_temp)
             if need_energy:
                 last_energy.copy_(energy * inv_temp)
+            sign = energy_error_sign(k, steps, fresh)
+            if sign:
+                dh.add_(g.square().sum(-1, dtype=torch.float64), alpha=sign)
             return g
 
-        theta, p, _ = leapfrog(grad_fn, theta, p, eta, seg.steps, fresh=settings.fresh_gradients)
-    info = RoundInfo(total * S * N, last_energy, p if settings.leapfrog_sync else None)
+        theta, p, _ = leapfrog(grad_fn, theta, p, eta, seg.steps, fresh=fresh)
+        abs_dh.add_(dh.abs_(), alpha=eta * eta / 8.0)
+        trajectories += seg.steps / settings.leapfrog_steps
+    info = RoundInfo(
+        total * S * N,
+        last_energy,
+        p if settings.leapfrog_sync else None,
+        abs_dh / max(trajectories, 1e-300),
+    )
     return theta, info
 
 

@@ -166,7 +166,7 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
         bytes_down = sum(_record_bytes(c) for c in content.values())
         ok, failed = _exchange(grid, content, MessageType.TRAIN, str(r), cfg.round_timeout)
-        accepted, bytes_up, nonfinite = [], 0, 0
+        accepted, bytes_up, nonfinite, energy_errors = [], 0, 0, []
         for nid, rep in ok.items():
             bytes_up += _record_bytes(rep.content)
             pid, assigned = sizes[nid]
@@ -188,6 +188,9 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
             accepted.append(
                 (pid, int(m["num-examples"]), got["theta"], got.get("grad"), got.get("momentum"))
             )
+            de = m.get("energy-error")
+            if isinstance(de, (int, float)):
+                energy_errors.append((pid, float(de)))
         for nid, why in failed.items():
             log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
         if failed and cfg.on_failure == "stop":
@@ -205,6 +208,9 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
             bytes_down=bytes_down,
             bytes_up=bytes_up,
         )
+        if energy_errors:
+            energy_errors.sort()
+            stats.energy_error = sum(e for _, e in energy_errors) / len(energy_errors)
         if not accepted:
             if nonfinite == len(sizes):  # every client diverged: that is the chain diverging
                 stats.finite = False

@@ -89,3 +89,63 @@ def test_inputs_are_not_modified():
     q0, p0 = torch.ones(3), torch.ones(3)
     leapfrog(lambda th, k: th, q0, p0, 0.1, 3)
     assert torch.equal(q0, torch.ones(3)) and torch.equal(p0, torch.ones(3))
+
+
+# ------------------------------------------------------------------ energy-error estimate
+@pytest.mark.parametrize("fresh", [False, True])
+def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh):
+    """RoundInfo.energy_error (the health check's input) against H = f + |p|²/2 computed
+    directly. The start momentum is recovered by time reversal (leapfrog from (θ_K, −p_K)
+    ends at (θ_0, −p_0)); on a quadratic energy the estimate is exact, so 1e-9."""
+    from fedhmc.sampler import SamplerSettings, client_seed, local_iterations, round_keys
+    from fedhmc.targets import GaussianTarget
+
+    S, N, D, K = 3, 4, 5, 7
+    target = GaussianTarget([3.0, -1.0, 0.5, 2.0], [0.5, 1.0, 2.0, 0.8], D, dtype=torch.float64)
+    settings = SamplerSettings(
+        step_size=0.4,  # near the stability limit of the stiffest client: large |ΔH|
+        leapfrog_steps=K,
+        local_steps=K,  # one whole trajectory per round
+        rho=0.5,
+        sync_unit="leapfrog",
+        fresh_gradients=fresh,
+    )
+    theta0 = torch.randn(S, N, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
+    seeds = torch.tensor([client_seed(0, c) for c in range(N)])
+    shared, private = round_keys(123, seeds, 1, torch.arange(S))
+    theta, info = local_iterations(target, theta0, shared, private, settings, round_=1)
+
+    def grad(th, k):
+        return target.grad(th, None, k, False)[0]
+
+    def energy(th):
+        return target.grad(th, None, 0, True)[1]
+
+    back_theta, back_p, _ = leapfrog(grad, theta, -info.momentum, 0.4, K)
+    torch.testing.assert_close(back_theta, theta0, rtol=0, atol=1e-10)
+    p0 = -back_p
+    dh = energy(theta) + 0.5 * info.momentum.square().sum(-1)
+    dh -= energy(theta0) + 0.5 * p0.square().sum(-1)
+    assert dh.abs().max() > 0.1  # a case where the check has something to measure
+    torch.testing.assert_close(info.energy_error, dh.abs(), rtol=1e-9, atol=1e-9)
+
+
+def test_an_exploding_energy_error_ends_the_run_as_diverged(tmp_path):
+    """A heterogeneous-Gaussian run past the leapfrog's stability limit (η = 2.5 against
+    2 s_min = 2) in float64, where the positions stay finite in round 1 (|ΔH| ≈ 4e14): the
+    energy check, not the NaN check, stops it. At η = 1 (stable: |ΔH| ≈ 30, 190 in round 1
+    from the start far from the posterior) the run completes."""
+    import json
+
+    from fedhmc.config import RunConfig
+    from fedhmc.engine import NonFiniteError, run
+
+    kw = dict(dataset="gaussian-hetero", dtype="float64", local_steps=1, rounds=5)
+    cfg = RunConfig(step_size=2.5, out=str(tmp_path / "a"), **kw)
+    with pytest.raises(NonFiniteError, match="energy error exploded"):
+        run(cfg, progress=False)
+    summary = json.loads((tmp_path / "a" / "summary.json").read_text())
+    assert summary["status"] == "diverged"
+    res = run(RunConfig(step_size=1.0, out=str(tmp_path / "b"), **kw), progress=False)
+    assert res.summary["status"] == "completed"
+    assert all(0 < row["energy_error"] < 1000 for row in res.history)  # threshold: 1e5
