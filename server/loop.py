@@ -15,7 +15,8 @@ import logging
 import time
 
 import torch
-from flwr.app import Array, ArrayRecord, ConfigRecord, Message, MessageType, RecordDict
+from fedhmc_server.exchange import Exchange
+from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedhmc.aggregate import ReplyError, validate_reply, weighted_average
@@ -77,31 +78,6 @@ def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
     )
 
 
-def _exchange(
-    grid: Grid, contents: dict[int, RecordDict], message_type: str, group: str, timeout: float
-):
-    """Send one message per node; return ({node: reply}, {node: error reason})."""
-    msgs = {
-        nid: Message(content, dst_node_id=nid, message_type=message_type, group_id=group)
-        for nid, content in contents.items()
-    }
-    replies = list(grid.send_and_receive(list(msgs.values()), timeout=timeout))
-    by_id = {m.metadata.message_id: nid for nid, m in msgs.items()}
-    ok, failed = {}, {}
-    for rep in replies:
-        nid = by_id.get(rep.metadata.reply_to_message_id)
-        if nid is None:
-            continue
-        if rep.has_error():
-            failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
-        else:
-            ok[nid] = rep
-    for nid in msgs:
-        if nid not in ok and nid not in failed:
-            failed[nid] = f"no reply within {timeout:g} s"
-    return ok, failed
-
-
 def _record_bytes(content: RecordDict) -> int:
     return sum(rec.count_bytes() for rec in content.values())
 
@@ -110,11 +86,12 @@ def _as_int(value) -> int | float:
     return value if isinstance(value, (int, float)) else float("nan")
 
 
-def query_sizes(grid: Grid, nodes: list[int], timeout: float) -> dict[int, tuple[int, int]]:
+def query_sizes(
+    grid: Grid, nodes: list[int], timeout: float, exchange: Exchange | None = None
+) -> dict[int, tuple[int, int]]:
     """{node: (partition id, n_c)} of the nodes that answered the size query."""
-    ok, failed = _exchange(
-        grid, {nid: RecordDict() for nid in nodes}, MessageType.QUERY, "sizes", timeout
-    )
+    exchange = exchange or Exchange(grid)
+    ok, failed = exchange({nid: RecordDict() for nid in nodes}, MessageType.QUERY, "sizes", timeout)
     for nid, why in failed.items():
         log.warning("client %s dropped: size query failed (%s)", nid, why)
     sizes = {}
@@ -135,7 +112,8 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
     cfg = prepare(cfg)
     evaluator, model, dim, description = build_evaluator(cfg)
     nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
-    sizes = query_sizes(grid, nodes, cfg.round_timeout)
+    exchange = Exchange(grid)
+    sizes = query_sizes(grid, nodes, cfg.round_timeout, exchange)
     num_total = sum(n for _, n in sizes.values())
     settings = sampler_settings(cfg)
     dtype = torch_dtype(cfg)
@@ -165,7 +143,7 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         arrays = ArrayRecord(out)
         content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
         bytes_down = sum(_record_bytes(c) for c in content.values())
-        ok, failed = _exchange(grid, content, MessageType.TRAIN, str(r), cfg.round_timeout)
+        ok, failed = exchange(content, MessageType.TRAIN, str(r), cfg.round_timeout)
         accepted, bytes_up, nonfinite, energy_errors = [], 0, 0, []
         for nid, rep in ok.items():
             bytes_up += _record_bytes(rep.content)
@@ -253,6 +231,7 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         theta0,
         round_fn,
         backend_state=(get_state, set_state),
+        summary_extra=lambda: {"late_replies": len(exchange.late_replies)},
         dim=dim,
         num_clients=len(sizes),
         description=description,

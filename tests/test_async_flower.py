@@ -21,7 +21,7 @@ import pytest
 import torch
 from _grids import LocalGrid
 from fedhmc_clients.app import make_client_app
-from flwr.app import Error, Message, RecordDict
+from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 
 from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, euler_step, pooled_histogram
 from fedhmc.config import RunConfig
@@ -263,6 +263,62 @@ def test_a_worker_that_raises_and_one_that_hangs_do_not_stop_the_run(tmp_path):
     assert stale[0] == "chain,staleness,received,applied,dropped"
     received = sum(int(r.split(",")[2]) for r in stale[1:])
     assert received == a["updates"][0] + a["dropped_stale"]
+
+
+BAD_GRADS = {
+    "nan": lambda g: np.where(np.arange(g.size).reshape(g.shape) == 0, np.nan, g),
+    "inf": lambda g: np.full_like(g, np.inf),
+    "wrong-shape": lambda g: g[..., :-1].copy(),
+    "scalar": lambda g: np.ones((), g.dtype),
+    "wrong-dtype": lambda g: g.astype(np.float64 if g.dtype == np.float32 else np.float32),
+    "missing": lambda g: None,
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_GRADS))
+def test_a_bad_async_gradient_is_rejected_and_never_applied(tmp_path, case):
+    """Worker 1's third reply carries a bad gradient: the server rejects it (counted, never
+    applied), re-sends θ, and the run completes with finite chains."""
+    from fedhmc_server.async_loop import serve_async
+
+    inner = make_client_app()
+    calls = {"n": 0}
+
+    def app(msg, context):
+        reply = inner(msg, context)
+        pid = int(context.node_config["partition-id"])
+        if msg.metadata.message_type == "query.grad" and pid == 1:
+            calls["n"] += 1
+            if calls["n"] == 3:
+                grad = BAD_GRADS[case](reply.content["arrays"]["grad"].numpy())
+                arrays = ArrayRecord({} if grad is None else {"grad": Array(grad)})
+                content = RecordDict({"arrays": arrays, "metrics": reply.content["metrics"]})
+                return Message(content, reply_to=msg)
+        return reply
+
+    cfg = RunConfig(
+        algorithm="async-sgld",
+        dataset="gaussian-hetero",
+        num_clients=3,
+        dim=3,
+        rounds=4,
+        local_steps=5,
+        step_size=0.05,
+        round_timeout=10.0,
+        out=str(tmp_path / case),
+    )
+    grid = ThreadGrid(app, 3, cfg.to_run_config())
+    try:
+        result = serve_async(grid, cfg)
+    finally:
+        grid.pool.shutdown(wait=True)
+    a = result.summary["async"]
+    assert result.summary["status"] == "completed"
+    assert a["rejected"] == 1 and a["errors"] == 1, a
+    by_pid = {w["partition"]: w for w in a["per_worker"]}
+    assert by_pid[1]["errors"] == 1 and not by_pid[1]["retired"]
+    assert sum(w["applied"] for w in a["per_worker"]) == a["updates"][0]
+    assert torch.isfinite(result.theta_bar).all()
 
 
 def test_two_servers_get_their_own_workers(tmp_path):

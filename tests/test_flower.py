@@ -28,21 +28,26 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class InProcessGrid(LocalGrid):
-    """A Grid that delivers each message to a ClientApp in this process, node by node."""
+    """A Grid that delivers each pushed message to a ClientApp in this process, node by
+    node; ``pull_messages`` returns the replies (a ClientApp returning None: no reply)."""
 
     def __init__(self, client_app, num_nodes: int, run_config: dict):
         super().__init__(client_app, num_nodes, run_config)
         self.sent: list[Message] = []
+        self.replies: dict[str, Message] = {}
 
-    def send_and_receive(self, messages, *, timeout=None):
-        replies = []
+    def push_messages(self, messages):
+        ids = []
         for msg in messages:
-            self.stamp(msg)
+            ids.append(self.stamp(msg))
             self.sent.append(msg)
             reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
             if reply is not None:
-                replies.append(reply)
-        return replies
+                self.replies[ids[-1]] = reply
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
 
 
 def small_cfg(tmp_path, name, **kw):
@@ -227,6 +232,42 @@ def test_client_that_raises_is_dropped_and_the_round_uses_the_others(tmp_path):
     torch.testing.assert_close(theta2, want, rtol=1e-5, atol=1e-6)
 
 
+class StragglerGrid(InProcessGrid):
+    """Holds back one node's reply to one round until the next round's messages are
+    pushed: a straggler whose reply comes in after its round timed out."""
+
+    def __init__(self, *args, node_pid: int, round_: int):
+        super().__init__(*args)
+        self.hold = (node_pid, round_)
+        self.held: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        self.replies.update(self.held)  # the straggler wakes up during the next round
+        self.held.clear()
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages, strict=True):
+            cfg = msg.content.get("config")
+            pid = self.contexts[msg.metadata.dst_node_id].node_config["partition-id"]
+            if cfg is not None and (pid, dict(cfg).get("round")) == self.hold:
+                self.held[mid] = self.replies.pop(mid)
+        return ids
+
+
+def test_a_late_reply_is_recognised_and_kept_out_of_the_average(tmp_path, caplog):
+    cfg = small_cfg(tmp_path, "late", rounds=3, round_timeout=0.2)
+    grid = StragglerGrid(make_client_app(), 4, cfg.to_run_config(), node_pid=1, round_=2)
+    with caplog.at_level("WARNING", logger="fedhmc.server"):
+        result = serve(grid, cfg)
+    assert [r["clients"] for r in result.history] == [4, 3, 4]  # back in round 3
+    assert [r["failed"] for r in result.history] == [0, 1, 0]
+    assert result.summary["late_replies"] == 1
+    assert "late reply from client 101 to message group 2 ignored" in caplog.text
+    # The same numbers as a run in which that client failed outright in round 2.
+    failing = _raise_to_error_reply(_failing_client(2, 1))
+    ref, _ = run_grid(cfg.replace(out=str(tmp_path / "ref")), failing)
+    assert torch.equal(result.theta_bar, ref.theta_bar)
+
+
 def test_on_failure_stop_ends_the_run_with_a_clear_message(tmp_path):
     cfg = small_cfg(tmp_path, "s", on_failure="stop")
     with pytest.raises(FedHMCError, match="round 2: client .* failed"):
@@ -284,6 +325,44 @@ def test_bad_reply_is_rejected_and_never_enters_the_average(tmp_path, case):
     assert row["clients"] == 3 and row["failed"] == 1, case
     assert torch.isfinite(result.theta_bar).all()
     assert result.theta_bar.shape == (2, result.summary["dim"])
+
+
+def _set_grad(fn):
+    def change(a):
+        out = dict(a)
+        g = fn(a["grad"])
+        if g is None:
+            del out["grad"]
+        else:
+            out["grad"] = g
+        return out
+
+    return _replace_arrays(change)
+
+
+BAD_DEBIASED_REPLIES = {
+    "grad-nan": _set_grad(lambda g: np.where(np.arange(g.size).reshape(g.shape) == 0, np.nan, g)),
+    "grad-inf": _set_grad(lambda g: np.full_like(g, -np.inf)),
+    "grad-wrong-shape": _set_grad(lambda g: g[:, :-1].copy()),
+    "grad-wrong-dtype": _set_grad(lambda g: g.astype(np.float64)),
+    "grad-missing": _set_grad(lambda g: None),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_DEBIASED_REPLIES))
+def test_bad_debiased_grad_is_rejected_and_never_enters_the_anchor(tmp_path, case):
+    """Debiased FA-HMC replies carry the client's gradient at the anchor: a bad one is
+    rejected with the whole reply, so neither its position nor its gradient is used."""
+    cfg = small_cfg(tmp_path, case, rounds=3, algorithm="fahmc-debiased")
+    result, _ = run_grid(cfg, _failing_client(2, 2, BAD_DEBIASED_REPLIES[case]))
+    assert [r["failed"] for r in result.history] == [0, 1, 0], case
+    assert result.summary["status"] == "completed"
+    assert torch.isfinite(result.theta_bar).all()
+    # The same as a run where that client's round-2 reply was lost altogether.
+    ref, _ = run_grid(
+        cfg.replace(out=str(tmp_path / "ref")), _raise_to_error_reply(_failing_client(2, 2))
+    )
+    assert torch.equal(result.theta_bar, ref.theta_bar)
 
 
 @pytest.mark.parametrize(

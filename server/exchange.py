@@ -1,0 +1,93 @@
+"""One round trip to many nodes: push every message, then collect replies as they arrive.
+
+Flower's ``Grid.send_and_receive`` waits a fixed 3 s between pulls on a deployed SuperLink,
+which adds up to 3 s to every round. :class:`Exchange` pushes the messages itself and
+polls ``pull_messages`` with a short, backing-off interval (5 ms, growing to 100 ms while
+nothing arrives), so a round ends as soon as its last reply is in.
+
+A reply that arrives after its round gave up on it (a straggler that was paused, or a
+node that came back) is recognised by its ``reply_to`` id, logged and counted, and never
+enters an average: the ids of unanswered messages are kept and pulled with the next
+rounds' for a while (:data:`LATE_ROUNDS` exchanges), so the SuperLink does not keep the
+replies either.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+
+from flwr.app import Message, RecordDict
+
+log = logging.getLogger("fedhmc.server")
+
+POLL_FIRST_S = 0.005
+POLL_MAX_S = 0.1
+LATE_ROUNDS = 20
+
+
+class Exchange:
+    """Round trips over a Grid, with late replies recognised and dropped."""
+
+    def __init__(self, grid):
+        self.grid = grid
+        self.late: dict[str, tuple[str, int, int]] = {}  # id → (group, node, exchange no.)
+        self.late_replies: list[tuple[str, int]] = []  # (group, node) of each late reply
+        self.count = 0
+
+    def __call__(
+        self, contents: dict[int, RecordDict], message_type: str, group: str, timeout: float
+    ) -> tuple[dict[int, Message], dict[int, str]]:
+        """Send one message per node; return ({node: reply}, {node: why it failed})."""
+        self.count += 1
+        msgs = [
+            Message(content, dst_node_id=nid, message_type=message_type, group_id=group)
+            for nid, content in contents.items()
+        ]
+        ids = list(self.grid.push_messages(msgs))
+        pending: dict[str, int] = {}
+        failed: dict[int, str] = {}
+        for nid, mid in zip(contents, ids + [None] * (len(msgs) - len(ids)), strict=True):
+            if mid:
+                pending[str(mid)] = nid
+            else:
+                failed[nid] = "the SuperLink refused the message"
+        ok: dict[int, Message] = {}
+        deadline = time.monotonic() + timeout
+        delay = POLL_FIRST_S
+        while pending:
+            got = self._pull(pending, ok, failed)
+            now = time.monotonic()
+            if not pending or now >= deadline:
+                break
+            delay = POLL_FIRST_S if got else min(delay * 2, POLL_MAX_S)
+            time.sleep(min(delay, deadline - now))
+        for mid, nid in pending.items():
+            failed[nid] = f"no reply within {timeout:g} s"
+            self.late[mid] = (group, nid, self.count)
+        for mid, (_, _, n) in list(self.late.items()):
+            if self.count - n >= LATE_ROUNDS:
+                del self.late[mid]
+        return ok, failed
+
+    def _pull(self, pending: dict, ok: dict, failed: dict) -> int:
+        replies = list(self.grid.pull_messages([*pending, *self.late]))
+        for rep in replies:
+            mid = rep.metadata.reply_to_message_id
+            if mid in pending:
+                nid = pending.pop(mid)
+                if rep.has_error():
+                    failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
+                else:
+                    ok[nid] = rep
+            elif mid in self.late:
+                group, nid, _ = self.late.pop(mid)
+                self.late_replies.append((group, nid))
+                what = "error" if rep.has_error() else "reply"
+                log.warning(
+                    "late %s from client %s to message group %s ignored (it timed out)",
+                    what,
+                    nid,
+                    group,
+                )
+        return len(replies)
