@@ -38,10 +38,11 @@ port_open() {
     (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null
 }
 
-# True when PID is alive and is a Flower process (guards against recycled PIDs).
+# True when PID is alive (not a zombie) and is a Flower process (guards against recycled PIDs).
 is_flower_pid() {
     local args
     kill -0 "$1" 2>/dev/null || return 1
+    case "$(ps -o stat= -p "$1" 2>/dev/null)" in Z*) return 1 ;; esac  # dead, not yet reaped
     args="$(ps -o args= -p "$1" 2>/dev/null)" || return 1
     case "$args" in
         *flower-super* | *flwr-* ) return 0 ;;

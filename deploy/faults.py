@@ -127,7 +127,7 @@ def case_supernode_kill(work: Path) -> dict:
             log(f"left running: {left}")
 
 
-def case_straggler(work: Path, pause_s: float = 40.0, timeout_s: float = 20.0) -> dict:
+def case_straggler(work: Path, pause_s: float = 100.0, timeout_s: float = 60.0) -> dict:
     dep = Deployment(work, num_nodes=3)
     try:
         dep.setup()

@@ -169,6 +169,9 @@ def build_parser() -> argparse.ArgumentParser:
     from .plots import add_plot_command
 
     add_plot_command(sub)
+    from .export import add_export_command
+
+    add_export_command(sub)
     return parser
 
 

@@ -188,7 +188,10 @@ class RunConfig:
     min_clients: int | None = _f(
         None, "Flower: clients that must be connected to start (default all)"
     )
-    node_wait_timeout: float = _f(120.0, "Flower: seconds to wait for --min-clients to connect")
+    node_wait_timeout: float = _f(
+        120.0,
+        "Flower: seconds to wait for --min-clients to connect and answer their first message",
+    )
     on_failure: str = _f(
         "renormalize",
         "Flower: when clients fail, average over those that replied, or stop the run",

@@ -22,13 +22,15 @@ folding, and localization: an improved R̂", Bayesian Analysis 16(2)):
   γ_{t,j} by FFT (zero-padded, divisor n'), combined as ρ_t = 1 − (W − mean_j γ_{t,j}) /
   var⁺ with γ_{0,j} taken with divisor n' − 1 as in Stan; Geyer's initial positive
   sequence sums the pairs Γ_k = ρ_{2k} + ρ_{2k+1} up to the first Γ_k ≤ 0 and makes them
-  non-increasing (initial monotone sequence); τ = −1 + 2 Σ_k Γ_k (+ ρ_{2K} of the first
-  rejected pair when positive, Stan's correction); ESS = N / max(τ, 1 / log₁₀ N).
+  non-increasing (initial monotone sequence), over at most ⌊(n' − 3)/2⌋ pairs as ArviZ
+  does; τ = −1 + 2 Σ_k Γ_k (+ ρ_{2K} of the first pair not summed when positive, Stan's
+  correction); ESS = N / max(τ, 1 / log₁₀ N).
 
-Why our own functions rather than ArviZ: ArviZ is not installed here and would pull in a
-heavy dependency tree (xarray, pandas, netCDF/h5 backends) for two formulas of a few dozen
-lines; the formulas above are Stan's and ArviZ's, and ``tests/test_diagnostics.py`` checks
-them on cases with known answers (iid draws, AR(1) chains, shifted and rescaled chains,
+Why our own functions rather than ArviZ: ArviZ would pull a heavy dependency tree
+(xarray, pandas, netCDF/h5 backends) into the core for two formulas of a few dozen lines.
+It is an optional extra (``fedhmc export``), and ``tests/test_export.py`` checks that
+``az.summary`` gives the same R̂ and bulk ESS; ``tests/test_diagnostics.py`` checks the
+formulas on cases with known answers (iid draws, AR(1) chains, shifted and rescaled chains,
 invariance to monotone maps).
 """
 
@@ -155,16 +157,18 @@ def _ess_raw(a: np.ndarray) -> np.ndarray:
     with np.errstate(divide="ignore", invalid="ignore"):
         rho = 1.0 - (W - acov.mean(axis=1)) / var_plus  # (n, D)
     rho[0] = 1.0
-    P = n // 2
+    # Pairs Γ_k for k < P = ⌊(n − 3)/2⌋ can be summed in full; the sum stops at the first
+    # Γ_k ≤ 0 or at k = P, whose even term ρ_{2k} is then added when positive (Stan's
+    # correction). The bound P is ArviZ's (its loop runs while 2k − 1 < n − 3), so that
+    # the two agree to rounding also for chains too short for the pairs to turn negative.
+    P = (n - 3) // 2
     pairs = rho[0 : 2 * P : 2] + rho[1 : 2 * P : 2]  # Γ_k, (P, D)
     positive = np.cumprod(pairs > 0, axis=0).astype(bool)  # before the first Γ_k ≤ 0
     mono = np.minimum.accumulate(np.where(positive, pairs, np.inf), axis=0)
     tau = -1.0 + 2.0 * np.where(positive, mono, 0.0).sum(axis=0)
-    # Stan: the even autocorrelation of the first rejected pair is added when positive.
-    K = positive.sum(axis=0)  # index of the first rejected pair, P if none
-    has_next = K < P
-    nxt = rho[2 * np.minimum(K, P - 1), np.arange(rho.shape[1])]
-    tau = tau + np.where(has_next & (nxt > 0), nxt, 0.0)
+    K = positive.sum(axis=0)  # the first pair not summed in full: a Γ_k ≤ 0, or P
+    nxt = rho[2 * K, np.arange(rho.shape[1])]
+    tau = tau + np.where(nxt > 0, nxt, 0.0)
     N = n * m
     return N / np.maximum(tau, 1.0 / math.log10(max(N, 10)))
 

@@ -483,6 +483,13 @@ def run_loop(
                 )
         if getattr(evaluator, "ece_bins", None) is not None:
             result.summary["ece_bins"] = evaluator.ece_bins
+        model = getattr(evaluator, "model", None)
+        if model is not None:  # the parameters' layout (fedhmc export names them)
+            result.summary["model"] = getattr(model, "name", None)
+            result.summary["model_shapes"] = {
+                "num_features": getattr(model, "num_features", None),
+                "num_classes": getattr(model, "num_classes", None),
+            }
         if summary_extra is not None:
             result.summary.update(summary_extra())
         writer.write_samples()

@@ -239,7 +239,7 @@ def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=Non
     cfg = prepare(cfg)
     evaluator, model, dim, description = build_evaluator(cfg)
     nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
-    sizes = query_sizes(grid, nodes, cfg.round_timeout)
+    sizes = query_sizes(grid, nodes, max(cfg.round_timeout, cfg.node_wait_timeout))
     if len(sizes) < cfg.chains:
         raise ConfigError(
             f"{cfg.algorithm} gives each of the --chains {cfg.chains} servers its own "

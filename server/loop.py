@@ -113,7 +113,9 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
     evaluator, model, dim, description = build_evaluator(cfg)
     nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
     exchange = Exchange(grid)
-    sizes = query_sizes(grid, nodes, cfg.round_timeout, exchange)
+    # Start-up (each ClientApp's first imports) gets the node-wait deadline too.
+    startup = max(cfg.round_timeout, cfg.node_wait_timeout)
+    sizes = query_sizes(grid, nodes, startup, exchange)
     num_total = sum(n for _, n in sizes.values())
     settings = sampler_settings(cfg)
     dtype = torch_dtype(cfg)
