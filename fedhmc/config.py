@@ -209,6 +209,11 @@ class RunConfig:
     resume: bool = _f(False, "continue the run in --out from its checkpoint")
     overwrite: bool = _f(False, "replace the run that --out holds")
     ece_bins: int | None = _f(None, "equal-width confidence bins of the ECE (default 15)")
+    tensorboard: str | None = _f(
+        None,
+        "also log every round's metrics and the step size for `tensorboard --logdir DIR` "
+        "(a sweep logs each cell to DIR/<cell>); needs fedhmc[tensorboard]",
+    )
 
     # ----------------------------------------------------------------- mapping
     @staticmethod

@@ -308,6 +308,10 @@ def run_loop(
             f"--algorithm {cfg.algorithm} cannot be resumed (its server state is not "
             "checkpointed); start it again with --overwrite"
         )
+    if cfg.tensorboard:
+        from .output import TensorBoardLog
+
+        TensorBoardLog.require()
     resumed = prepare_out(cfg)
     columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
     keep = None
@@ -315,6 +319,12 @@ def run_loop(
         keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
     writer = RunWriter(cfg.out, columns, keep_rows=keep)
     writer.write_config(cfg.to_dict())
+    tb = None
+    if cfg.tensorboard:
+        from .output import TensorBoardLog
+
+        start_round = int(resumed["round"]) + 1 if resumed is not None else 1
+        tb = TensorBoardLog(cfg.tensorboard, cfg.to_dict(), start_round)
     theta_bar = theta0
     result = RunResult(cfg, theta_bar)
     grad_evals, wall_before = 0, 0.0
@@ -418,6 +428,8 @@ def run_loop(
                     "grad_evals": grad_evals,
                 }
                 writer.write_row(row)
+                if tb is not None:
+                    tb.log(row)
                 result.history.append(row)
                 result.theta_bar = theta_bar
                 if on_round is not None:
@@ -495,6 +507,8 @@ def run_loop(
         writer.write_samples()
         writer.write_summary(result.summary)
         writer.close()
+        if tb is not None:
+            tb.close()
     return result
 
 

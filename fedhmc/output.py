@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import csv
 import json
+import math
 import os
 from pathlib import Path
 
@@ -139,3 +140,55 @@ def _jsonable(x):
         return float(x)
     except (TypeError, ValueError):
         return str(x)
+
+
+class TensorBoardLog:
+    """Per-round scalars for TensorBoard through torch's own ``SummaryWriter``.
+
+    Every numeric, finite value of a metrics.csv row is logged as ``metrics/<column>`` at
+    step = round, with the step size as ``sampler/step_size``; the resolved config is a
+    text entry. A resumed run purges the events after the round it continues from, so the
+    curves carry no duplicates.
+    """
+
+    @staticmethod
+    def require():
+        """torch's SummaryWriter, or a one-line error naming the extra (checked before a
+        run writes anything)."""
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+        except ImportError:
+            raise ConfigError(
+                "--tensorboard needs TensorBoard: pip install 'fedhmc[tensorboard]'"
+            ) from None
+        return SummaryWriter
+
+    def __init__(self, logdir: str | os.PathLike, config: dict, start_round: int = 1):
+        SummaryWriter = self.require()
+        try:
+            self.writer = SummaryWriter(
+                log_dir=str(logdir), purge_step=start_round if start_round > 1 else None
+            )
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write to --tensorboard {str(logdir)!r} ({e.strerror or e}); "
+                "choose a writable directory"
+            ) from None
+        self.step_size = float(config.get("step_size") or float("nan"))
+        if start_round <= 1:
+            text = "    " + json.dumps(config, indent=2, default=str).replace("\n", "\n    ")
+            self.writer.add_text("config", text, 0)
+
+    def log(self, row: dict) -> None:
+        r = int(row["round"])
+        for k, v in row.items():
+            if k == "round" or isinstance(v, bool) or not isinstance(v, (int, float)):
+                continue
+            if math.isfinite(v):
+                self.writer.add_scalar(f"metrics/{k}", v, r)
+        if math.isfinite(self.step_size):
+            self.writer.add_scalar("sampler/step_size", self.step_size, r)
+
+    def close(self) -> None:
+        self.writer.flush()
+        self.writer.close()

@@ -203,7 +203,10 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
     try:
         from .engine import prepare, resume_or_replace
 
-        cfg = resume_or_replace(prepare(RunConfig.from_mapping({**settings, "out": cell_dir})))
+        cell = {**settings, "out": cell_dir}
+        if cell.get("tensorboard"):  # one TensorBoard run per cell
+            cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
+        cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
         if cfg.backend == "flower":
             from fedhmc_server.simulation import run_flower  # lazy: core never imports flwr
 
