@@ -35,7 +35,8 @@ from .sweep import (
     varying_keys,
 )
 
-KINDS = ("rounds", "versus", "rounds-to", "rounds2-vs-dim")
+KINDS = ("metrics", "rounds", "versus", "rounds-to", "rounds2-vs-dim")
+METRIC_PANELS = ("accuracy", "brier", "ece", "nll_mean", "w2", "mean_error", "energy_error")
 DEFAULT_X = {"versus": "step-size", "rounds-to": "local-steps", "rounds2-vs-dim": "dim"}
 _DEFAULT_METRICS = ("nll_mean", "w2", "mean_error", "accuracy")
 
@@ -134,6 +135,8 @@ def plot(
         raise ConfigError(f"--kind must be one of {', '.join(KINDS)}; got {kind!r}")
     if not rows:
         raise ConfigError("the table has no rows")
+    if kind == "metrics":
+        return plot_metrics(rows, out_stem, hue=hue)
     metric = metric or default_metric(rows)
     if kind == "rounds":
         x = None
@@ -218,6 +221,50 @@ def plot(
         ax.set_title(f"{what} against {x} (mean ± std over seeds){note}", fontsize=9)
     if len(ax.get_lines()) > 1 or hue:
         ax.legend(fontsize=7)
+    return _save(fig, out_stem)
+
+
+def plot_metrics(rows: list[dict], out_stem, *, hue: str | None = None) -> list[Path]:
+    """Every metric of the table against rounds, one panel each (the default of
+    ``fedhmc plot RUN_DIR``): accuracy, Brier, ECE, NLL, or W₂ and mean error, and the
+    leapfrog's energy error, with a line per ``hue`` value (mean ± sd over seeds)."""
+    rows = [r for r in rows if r.get("round") is not None]
+    present = [
+        m
+        for m in METRIC_PANELS
+        if any(isinstance(r.get(m), int | float) and math.isfinite(r[m]) for r in rows)
+    ]
+    if not present:
+        raise ConfigError("the table has no metric column to plot against rounds")
+    cols = min(3, len(present))
+    nrows = math.ceil(len(present) / cols)
+    fig = _figure()
+    fig.set_size_inches(4.2 * cols, 3.0 * nrows)
+    axes = fig.subplots(nrows, cols, squeeze=False)
+    lines = _lines(rows, hue, None)
+    for ax, metric in zip(axes.flat, present, strict=False):
+        for key, sel in lines.items():
+            per_round: dict = {}
+            for r in sel:
+                v = r.get(metric)
+                if isinstance(v, int | float) and math.isfinite(v):
+                    per_round.setdefault(r["round"], []).append(v)
+            rs = sorted(per_round)
+            ax.plot(rs, [mean_std(per_round[t])[0] for t in rs], label=_label(key))
+        ax.set_xlabel("communication round")
+        ax.set_title(metric, fontsize=10)
+        if metric in ("energy_error", "w2", "mean_error") and _spans_decade(
+            [r.get(metric) for r in rows]
+        ):
+            ax.set_yscale("log")
+    for ax in list(axes.flat)[len(present) :]:
+        ax.axis("off")
+    if len(lines) > 1 or hue:
+        axes.flat[0].legend(fontsize=7)
+    return _save(fig, out_stem)
+
+
+def _save(fig, out_stem) -> list[Path]:
     fig.tight_layout()
     out_stem = Path(out_stem)
     out_stem.parent.mkdir(parents=True, exist_ok=True)
@@ -233,12 +280,18 @@ def plot(
 def add_plot_command(sub) -> None:
     p = sub.add_parser(
         "plot",
-        help="plot a sweep's results.csv (rounds, versus, rounds-to, rounds2-vs-dim)",
+        help="plot a run's metrics against rounds, or a sweep's results.csv "
+        "(metrics, rounds, versus, rounds-to, rounds2-vs-dim)",
         description="Plot a tidy table from `fedhmc sweep` (results.csv, a sweep directory, or "
         "one run's metrics.csv with config.json beside it); saves PNG and PDF.",
     )
     p.add_argument("table", metavar="RESULTS", help="results.csv, a sweep dir, or metrics.csv")
-    p.add_argument("--kind", required=True, choices=KINDS, help="figure type")
+    p.add_argument(
+        "--kind",
+        default="metrics",
+        choices=KINDS,
+        help="figure type (default: metrics, every metric against rounds)",
+    )
     p.add_argument("--metric", help="metric column (default: nll_mean, else w2)")
     p.add_argument("--hue", metavar="KEY", help="setting that names the lines (e.g. algorithm)")
     p.add_argument(
@@ -260,7 +313,8 @@ def cmd_plot(args: argparse.Namespace) -> int:
     table = Path(args.table)
     where = table if table.is_dir() else table.parent
     metric = args.metric or default_metric(rows)
-    stem = args.out or str(where / f"plot-{args.kind}-{metric}")
+    name = "plot-metrics" if args.kind == "metrics" else f"plot-{args.kind}-{metric}"
+    stem = args.out or str(where / name)
     paths = plot(
         rows,
         args.kind,
