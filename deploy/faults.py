@@ -270,6 +270,8 @@ def case_soak(work: Path, rounds: int) -> dict:
             except OSError:
                 pass
         n = len(metrics_rows(out))
+        if proc.poll() is not None or not pids:
+            break  # ended while being sampled: not a steady-state sample
         samples.append(
             {
                 "t": round(time.monotonic() - t0, 1),
@@ -279,11 +281,13 @@ def case_soak(work: Path, rounds: int) -> dict:
                 "processes": len(pids),
             }
         )
+    proc.wait()
     err = proc.stderr.read() if proc.stderr else ""
     time.sleep(3.0)
     left = [p for p, (_, st, c) in processes().items() if str(work) in c and not st.startswith("Z")]
     s = summary(out)
-    steady = [x for x in samples if x["round"] >= min(200, rounds // 5)]
+    # Steady state: after the first rounds (start-up) and before the last (shutdown).
+    steady = [x for x in samples if min(200, rounds // 5) <= x["round"] < rounds]
     slope = None
     if len(steady) >= 3:
         import numpy as np
