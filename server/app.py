@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from fedhmc_server.async_loop import serve_async
 from fedhmc_server.loop import serve
+from fedhmc_server.progress import log_final, round_logger
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -26,7 +27,11 @@ def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) ->
         run_cfg = cfg if cfg is not None else RunConfig.from_mapping(dict(context.run_config))
         try:
             body = serve_async if run_cfg.algorithm in ASYNC_ALGORITHMS else serve
-            out = body(grid, run_cfg, progress=result is not None)
+            if result is None:  # deployed: one log line per round for `flwr run --stream`
+                out = body(grid, run_cfg, on_round=round_logger(run_cfg.rounds))
+                log_final(out)
+            else:
+                out = body(grid, run_cfg, progress=True)
         except Exception as e:  # handed to the caller, which reports it on one line
             if result is None:
                 raise

@@ -89,6 +89,9 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
     log = res.stdout + res.stderr
     assert res.returncode == 0, log
 
+    # `flwr run --stream` shows the run as it goes: one line per round and a final line.
+    assert "round 1/2: 2 clients, 0 failed" in log and "round 2/2" in log, log
+    assert "completed: 2 of 2 rounds" in log, log
     # `flwr run` exits 0 even when the ServerApp fails: check what it wrote.
     summary = json.loads((dep.out / "summary.json").read_text())
     assert summary["status"] == "completed", (summary, log)

@@ -232,6 +232,20 @@ def test_client_that_raises_is_dropped_and_the_round_uses_the_others(tmp_path):
     torch.testing.assert_close(theta2, want, rtol=1e-5, atol=1e-6)
 
 
+def test_round_lines_for_a_deployed_run(tmp_path, caplog):
+    from fedhmc_server.progress import log_final, round_logger
+
+    cfg = small_cfg(tmp_path, "lines", rounds=2)
+    grid = InProcessGrid(make_client_app(), 4, cfg.to_run_config())
+    with caplog.at_level("INFO", logger="fedhmc.server"):
+        result = serve(grid, cfg, on_round=round_logger(cfg.rounds))
+        log_final(result)
+    lines = [r.getMessage() for r in caplog.records if r.name == "fedhmc.server"]
+    assert lines[0].startswith("round 1/2: 4 clients, 0 failed, accuracy ")
+    assert lines[1].startswith("round 2/2: ")
+    assert lines[2].startswith("completed: 2 of 2 rounds in ")
+
+
 class StragglerGrid(InProcessGrid):
     """Holds back one node's reply to one round until the next round's messages are
     pushed: a straggler whose reply comes in after its round timed out."""
