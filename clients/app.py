@@ -21,95 +21,60 @@ Message contract (see ``fedhmc_server.loop``):
 
 ``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
 partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
-config to draw its private noise from a seed nobody else knows.
+config to draw its private noise from a seed nobody else knows, and ``worker-socket`` to
+have its warm worker (:mod:`fedhmc_clients.worker`) compute; the computation itself is
+:func:`fedhmc_clients.compute.compute` either way.
 """
 
 from __future__ import annotations
 
-from fedhmc_clients.task import (
-    anchor_step,
-    async_gradient,
-    client_config,
-    local_update,
-    num_examples,
-)
+import logging
+
+from fedhmc_clients.worker import WorkerError, call
 from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+log = logging.getLogger("fedhmc.client")
 
-def _identity(context: Context, run_config: dict | None):
+
+def handle(kind: str, msg: Message, context: Context, run_config: dict | None = None) -> Message:
+    """Decode ``msg``, compute (in the node's warm worker when it has one, else here), and
+    encode the reply. Only the in-process path imports torch."""
     rc = dict(context.run_config)
     if run_config:
         rc.update(run_config)
-    pid = int(context.node_config["partition-id"])
-    nparts = int(context.node_config["num-partitions"])
-    rc["num-clients"] = nparts
-    return client_config(rc), pid
+    nc = dict(context.node_config)
+    arrays = (
+        {k: v.numpy() for k, v in msg.content["arrays"].items()} if "arrays" in msg.content else {}
+    )
+    config = dict(msg.content["config"]) if "config" in msg.content else {}
+    out = None
+    sock = nc.get("worker-socket")
+    if sock:
+        try:
+            out, metrics = call(str(sock), kind, rc, nc, config, arrays)
+        except WorkerError as e:
+            log.warning("%s; computing in this process instead", e)
+    if out is None:
+        from fedhmc_clients.compute import compute  # torch: only when computing here
+
+        out, metrics = compute(kind, rc, nc, config, arrays)
+    content = {"metrics": MetricRecord(dict(metrics))}
+    if out or kind != "query":
+        content["arrays"] = ArrayRecord({k: Array(v) for k, v in out.items()})
+    return Message(RecordDict(content), reply_to=msg)
 
 
 def handle_query(msg: Message, context: Context, run_config: dict | None = None) -> Message:
-    cfg, pid = _identity(context, run_config)
-    metrics = MetricRecord({"num-examples": num_examples(cfg, pid), "partition-id": pid})
-    return Message(RecordDict({"metrics": metrics}), reply_to=msg)
+    return handle("query", msg, context, run_config)
 
 
 def handle_train(msg: Message, context: Context, run_config: dict | None = None) -> Message:
-    cfg, pid = _identity(context, run_config)
-    theta_bar = msg.content["arrays"]["theta"].numpy()
-    round_config = dict(msg.content["config"])
-    seed = context.node_config.get("private-seed")
-    arrays = msg.content["arrays"]
-    correction, local_grad = None, None
-    if round_config.get("algorithm") == "fahmc-debiased":
-        sent = "anchor" in arrays
-        correction, local_grad = anchor_step(
-            cfg,
-            pid,
-            theta_bar,
-            round_config,
-            seed,
-            arrays["anchor"].numpy() if sent else None,
-            arrays["anchor-grad"].numpy() if sent else None,
-        )
-    theta, n_c, energy, momentum, energy_error = local_update(
-        cfg,
-        pid,
-        theta_bar,
-        round_config,
-        seed,
-        correction,
-        momentum=arrays["momentum"].numpy() if "momentum" in arrays else None,
-        origin=arrays["origin"].numpy() if "origin" in arrays else None,
-    )
-    metrics = MetricRecord(
-        {
-            "num-examples": n_c,
-            "partition-id": pid,
-            "energy": energy,
-            "energy-error": energy_error,
-        }
-    )
-    reply = {"theta": Array(theta)}
-    if momentum is not None:
-        reply["momentum"] = Array(momentum)
-    if local_grad is not None:
-        reply["grad"] = Array(local_grad)
-    content = RecordDict({"arrays": ArrayRecord(reply), "metrics": metrics})
-    return Message(content, reply_to=msg)
+    return handle("train", msg, context, run_config)
 
 
 def handle_grad(msg: Message, context: Context, run_config: dict | None = None) -> Message:
-    cfg, pid = _identity(context, run_config)
-    theta = msg.content["arrays"]["theta"].numpy()
-    seed = context.node_config.get("private-seed")
-    grad, n_c = async_gradient(cfg, pid, theta, dict(msg.content["config"]), seed)
-    content = RecordDict(
-        {
-            "arrays": ArrayRecord({"grad": Array(grad)}),
-            "metrics": MetricRecord({"num-examples": n_c, "partition-id": pid}),
-        }
-    )
-    return Message(content, reply_to=msg)
+    return handle("grad", msg, context, run_config)
 
 
 def make_client_app(run_config: dict | None = None) -> ClientApp:

@@ -6,10 +6,10 @@ Each case starts its own loopback deployment with TLS and SuperNode authenticati
 (deploy/loopback.py, through the deploy/*.sh recipe), breaks something on purpose while a
 run is in flight, and records what happened, round by round:
 
-- ``supernode-kill``: ``kill -9`` of one SuperNode and everything it started, mid-round;
-  restarted two rounds later with the same key;
-- ``straggler``: one SuperNode and its children frozen (SIGSTOP) for longer than
-  ``round-timeout``, then resumed (SIGCONT);
+- ``supernode-kill``: ``kill -9`` of one SuperNode, its worker and everything they
+  started, mid-round; restarted two rounds later with the same key;
+- ``straggler``: one SuperNode, its worker and their children frozen (SIGSTOP) for longer
+  than ``round-timeout``, then resumed (SIGCONT);
 - ``superlink-restart``: the SuperLink machine's processes killed (SuperLink, its
   executor and the ServerApp), the SuperLink restarted on its database, and the run
   submitted again with ``resume=true``; compared with the same run without the fault;
@@ -104,7 +104,7 @@ def case_supernode_kill(work: Path) -> dict:
         rounds_done(proc, out, 2, work / "flwr.log")
         time.sleep(1.0)  # round 3 is in flight
         t_kill = time.monotonic()
-        killed = signal_tree(dep.pid("client2"), signal.SIGKILL)
+        killed = [p for pid in dep.pids("client2") for p in signal_tree(pid, signal.SIGKILL)]
         log(f"supernode-kill: killed client2 ({len(killed)} processes) during round 3")
         rounds_done(proc, out, 3, work / "flwr.log")
         detect_s = time.monotonic() - t_kill
@@ -138,7 +138,7 @@ def case_straggler(work: Path, pause_s: float = 100.0, timeout_s: float = 60.0) 
         )
         rounds_done(proc, out, 2, work / "flwr.log")
         time.sleep(1.0)
-        frozen = signal_tree(dep.pid("client1"), signal.SIGSTOP)
+        frozen = [p for pid in dep.pids("client1") for p in signal_tree(pid, signal.SIGSTOP)]
         log(f"straggler: froze client1 ({len(frozen)} processes) for {pause_s:g} s")
         time.sleep(pause_s)
         for p in frozen:
@@ -194,13 +194,13 @@ def case_superlink_restart(work: Path) -> dict:
         proc = dep.submit(f'{RUN} rounds=6 round-timeout=60 out="{out}"', work / "flwr.log")
         rounds_done(proc, out, 3, work / "flwr.log")
         time.sleep(1.0)
+        in_round = len(metrics_rows(out)) + 1
         killed = signal_tree(dep.pid("superlink"), signal.SIGKILL)
         # A machine crash takes its ServerApp too, wherever it runs.
         for pid, (_, st, cmd) in processes().items():
             if "flwr-serverapp" in cmd and dep.marker.search(cmd) and not st.startswith("Z"):
                 killed += signal_tree(pid, signal.SIGKILL)
         proc.kill()
-        at = summary(out)
         log(f"superlink-restart: killed {len(killed)} processes at round {len(metrics_rows(out))}")
         t0 = time.monotonic()
         dep.start_link()
@@ -210,7 +210,7 @@ def case_superlink_restart(work: Path) -> dict:
         s = finish(dep, proc, out, 900)
         return {
             "status": s.get("status"),
-            "killed_in_round": len(metrics_rows(out)) and at.get("rounds_completed", 0) + 1,
+            "killed_in_round": in_round,
             "resumed_from_round": s.get("resumed_from_round"),
             "restart_to_end_s": round(time.monotonic() - t0, 1),
             "rounds": per_round(out),

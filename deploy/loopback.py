@@ -204,8 +204,14 @@ class Deployment:
             if p.returncode != 0:
                 raise RuntimeError(f"a SuperNode did not start: {out}")
 
+    def pids(self, name: str) -> list[int]:
+        """The PIDs in ``name``.pid (a SuperNode's file also names its worker)."""
+        lines = (self.dir / f"{name}.pid").read_text().splitlines()
+        return [int(line.split()[-1]) for line in lines if line.split()]
+
     def pid(self, name: str) -> int:
-        return int((self.dir / f"{name}.pid").read_text().split()[0])
+        """The Flower process of ``name`` (the last PID in its pid file)."""
+        return self.pids(name)[-1]
 
     def submit(self, run_config: str, log: Path) -> subprocess.Popen:
         """``flwr run . CONN --stream`` in the background, its output in ``log``."""

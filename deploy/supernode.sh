@@ -2,7 +2,7 @@
 # Usage: deploy/supernode.sh --superlink HOST:PORT --ca CA_CRT --key PRIVATE_KEY
 #                            --partition-id I --num-partitions N [--port PORT] [--name NAME]
 #                            [--node-config 'k=v ...'] [--log FILE] [--pidfile FILE] [--wait SECONDS]
-#                            [-- EXTRA flower-supernode ARGS]
+#                            [--no-worker] [-- EXTRA flower-supernode ARGS]
 #
 # Starts one Flower SuperNode (one federated client) in the background: TLS to the SuperLink, verified
 # with the CA certificate, and authenticated with a private key whose public key was registered
@@ -19,6 +19,12 @@
 #   --log, --pidfile  default $FEDHMC_DEPLOY_DIR/NAME.log and NAME.pid ($FEDHMC_DEPLOY_DIR: ~/fedhmc-deploy)
 #   --wait            seconds to wait for the SuperLink to accept the node (default 60); the script
 #                     fails if the SuperNode exits (e.g. its key is not registered: exit code 305)
+#   --no-worker       compute in each ClientApp process instead of the node's warm worker
+# By default a warm worker (python -m fedhmc_clients.worker) starts first, beside the SuperNode:
+# it keeps torch, the data partition and the target loaded across rounds, and each ClientApp
+# forwards its message to it over a Unix socket that only this user can open
+# (${TMPDIR:-/tmp}/fedhmc-UID/worker-PORT.sock, passed as node config worker-socket). Its PID goes
+# into the same pid file, so deploy/stop.sh stops both; its log is NAME-worker.log.
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL (default here 0.05 s, Flower's own is 1 s) shortens each round.
 set -euo pipefail
 . "$(dirname "${BASH_SOURCE[0]}")/_common.sh"
@@ -35,6 +41,7 @@ node_config=""
 log=""
 pidfile=""
 wait_s=60
+worker=1
 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -49,6 +56,7 @@ while [[ $# -gt 0 ]]; do
         --log) log="$2"; shift 2 ;;
         --pidfile) pidfile="$2"; shift 2 ;;
         --wait) wait_s="$2"; shift 2 ;;
+        --no-worker) worker=0; shift ;;
         --) shift; extra=("$@"); break ;;
         -h | --help) usage ;;
         *) echo "unknown option: $1" >&2; usage ;;
@@ -75,6 +83,30 @@ fi
 
 echo "=== $(date '+%F %T') deploy/supernode.sh: $name -> $superlink" >>"$log"
 start_line=$(($(wc -l <"$log")))
+: >"$pidfile"
+if ((worker)); then
+    need_cmd python
+    sockdir="${TMPDIR:-/tmp}/fedhmc-$(id -u)"
+    mkdir -p -m 700 "$sockdir"
+    [[ -O "$sockdir" && "$(stat -c %a "$sockdir")" == 700 ]] ||
+        die "$sockdir must be yours with mode 700 (it holds the workers' sockets)"
+    sock="$sockdir/worker-$port.sock"
+    wlog="${log%.log}-worker.log"
+    nohup python -m fedhmc_clients.worker --socket "$sock" >>"$wlog" 2>&1 </dev/null &
+    wpid=$!
+    echo "worker $wpid" >>"$pidfile"
+    until [[ -S "$sock" ]]; do
+        if ! kill -0 "$wpid" 2>/dev/null; then
+            log_tail "$wlog" 12
+            die "the worker for $name exited (log: $wlog); start without it: --no-worker"
+        fi
+        if ((SECONDS >= wait_s)); then
+            die "the worker for $name (PID $wpid) has no socket after ${wait_s} s; log: $wlog"
+        fi
+        sleep 0.2
+    done
+    node_config="worker-socket=\"$sock\"${node_config:+ $node_config}"
+fi
 nohup flower-supernode \
     --superlink "$superlink" \
     --root-certificates "$ca" \
@@ -83,13 +115,14 @@ nohup flower-supernode \
     --node-config "partition-id=$pid_ num-partitions=$nparts${node_config:+ $node_config}" \
     ${extra[@]+"${extra[@]}"} >>"$log" 2>&1 </dev/null &
 pid=$!
-echo "$pid" >"$pidfile"
+echo "$pid" >>"$pidfile"
 
 # Accepted once the SuperLink hands out the node id ("SuperNode ID: ..." in the log).
 deadline=$((SECONDS + wait_s))
 until tail -n "+$((start_line + 1))" "$log" | grep -q "SuperNode ID:"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         rc=0; wait "$pid" || rc=$?
+        [[ -z "${wpid:-}" ]] || kill "$wpid" 2>/dev/null || true
         rm -f "$pidfile"
         log_tail "$log" 12
         flwr_code="$(tail -n "+$((start_line + 1))" "$log" | grep -o "Exit Code: [0-9]*" | tail -n1 || true)"

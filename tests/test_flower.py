@@ -496,6 +496,13 @@ def test_a_signal_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path, 
         "--quiet",
     ]
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
+
+    def raylets() -> set[str]:
+        return set(
+            subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()
+        )
+
+    others = raylets()  # another run's Ray on this machine is not this run's leftover
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedhmc", "run", *args, "--out", str(out)],
         stdout=subprocess.DEVNULL,
@@ -521,8 +528,7 @@ def test_a_signal_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert (out / "checkpoint.pt").exists()
-    left = subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout
-    assert left.strip() == ""
+    assert not raylets() - others
     done = subprocess.run(
         [sys.executable, "-m", "fedhmc", "run", "--resume", str(out), "--quiet"],
         env=env,

@@ -1,0 +1,72 @@
+"""What a client computes for one message, in plain values: no Flower types.
+
+:func:`compute` takes the message kind (``query``, ``train``, ``grad``), the run config,
+the node config, the message's config and its arrays (numpy), and returns the reply's
+arrays and metrics. The ClientApp calls it in its own process, or forwards the message to
+the node's warm worker (:mod:`fedhmc_clients.worker`), which calls the same function; the
+two give the same numbers.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from fedhmc_clients.task import (
+    anchor_step,
+    async_gradient,
+    client_config,
+    local_update,
+    num_examples,
+)
+
+KINDS = ("query", "train", "grad")
+
+
+def identity(run_config: dict, node_config: dict):
+    """The client's resolved RunConfig and partition id."""
+    rc = dict(run_config)
+    pid = int(node_config["partition-id"])
+    rc["num-clients"] = int(node_config["num-partitions"])
+    return client_config(rc), pid
+
+
+def compute(
+    kind: str, run_config: dict, node_config: dict, config: dict, arrays: dict[str, np.ndarray]
+) -> tuple[dict[str, np.ndarray], dict]:
+    """The reply (arrays, metrics) to one message."""
+    cfg, pid = identity(run_config, node_config)
+    seed = node_config.get("private-seed")
+    if kind == "query":
+        return {}, {"num-examples": num_examples(cfg, pid), "partition-id": pid}
+    if kind == "grad":
+        grad, n_c = async_gradient(cfg, pid, arrays["theta"], config, seed)
+        return {"grad": grad}, {"num-examples": n_c, "partition-id": pid}
+    if kind != "train":
+        raise ValueError(f"unknown message kind {kind!r}; expected one of {KINDS}")
+    theta_bar = arrays["theta"]
+    correction, local_grad = None, None
+    if config.get("algorithm") == "fahmc-debiased":
+        correction, local_grad = anchor_step(
+            cfg, pid, theta_bar, config, seed, arrays.get("anchor"), arrays.get("anchor-grad")
+        )
+    theta, n_c, energy, momentum, energy_error = local_update(
+        cfg,
+        pid,
+        theta_bar,
+        config,
+        seed,
+        correction,
+        momentum=arrays.get("momentum"),
+        origin=arrays.get("origin"),
+    )
+    out = {"theta": theta}
+    if momentum is not None:
+        out["momentum"] = momentum
+    if local_grad is not None:
+        out["grad"] = local_grad
+    metrics = {
+        "num-examples": n_c,
+        "partition-id": pid,
+        "energy": energy,
+        "energy-error": energy_error,
+    }
+    return out, metrics
