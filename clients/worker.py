@@ -29,6 +29,7 @@ import stat
 import struct
 import sys
 import threading
+import time
 from pathlib import Path
 
 import numpy as np
@@ -178,6 +179,7 @@ def serve(
                 if _peer_uid(conn) != me:
                     return
                 header, arrays = _unpack(conn)
+                t0 = time.perf_counter()
                 with lock:
                     out, metrics = compute(
                         header["kind"],
@@ -187,6 +189,12 @@ def serve(
                         arrays,
                     )
                 reply = {"ok": True, "metrics": metrics}
+                r = header["config"].get("round", "")
+                print(
+                    f"fedhmc worker: served {header['kind']}{f' round {r}' if r else ''} "
+                    f"in {time.perf_counter() - t0:.2f} s",
+                    flush=True,
+                )
             except Exception as e:  # noqa: BLE001 (reported to the ClientApp)
                 out, reply = {}, {"ok": False, "error": f"{type(e).__name__}: {e}"}
             try:

@@ -89,6 +89,11 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
     log = res.stdout + res.stderr
     assert res.returncode == 0, log
 
+    # The nodes' warm workers computed (the ClientApps forwarded to them).
+    for key in ("client0", "client1"):
+        wlog = (dep.dir / f"{key}-worker.log").read_text()
+        assert "served train round 2" in wlog, wlog
+        assert "computing in this process instead" not in (dep.dir / f"{key}.log").read_text()
     # `flwr run --stream` shows the run as it goes: one line per round and a final line.
     assert "round 1/2: 2 clients, 0 failed" in log and "round 2/2" in log, log
     assert "completed: 2 of 2 rounds" in log, log
