@@ -185,6 +185,14 @@ class RunConfig:
     backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
     # Flower
     round_timeout: float = _f(600.0, "Flower: seconds to wait for the clients' replies in a round")
+    straggler_factor: float = _f(
+        3.0,
+        "Flower: close a round with the replies it has once it has lasted this many times the "
+        "median of the earlier complete rounds (at least --straggler-floor s); 0: off",
+    )
+    straggler_floor: float = _f(
+        30.0, "Flower: the straggler deadline is never shorter than this many seconds"
+    )
     min_clients: int | None = _f(
         None, "Flower: clients that must be connected to start (default all)"
     )
@@ -483,6 +491,14 @@ class RunConfig:
             f"--scaling must be one of {', '.join(SCALINGS)}; got {self.scaling!r}",
         )
         need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
+        need(
+            math.isfinite(self.straggler_factor) and self.straggler_factor >= 0,
+            f"--straggler-factor must be >= 0 (0 turns it off), got {self.straggler_factor}",
+        )
+        need(
+            math.isfinite(self.straggler_floor) and self.straggler_floor > 0,
+            f"--straggler-floor must be > 0 seconds, got {self.straggler_floor}",
+        )
         need(
             self.node_wait_timeout > 0,
             f"--node-wait-timeout must be > 0, got {self.node_wait_timeout}",

@@ -36,9 +36,18 @@ class Exchange:
         self.count = 0
 
     def __call__(
-        self, contents: dict[int, RecordDict], message_type: str, group: str, timeout: float
+        self,
+        contents: dict[int, RecordDict],
+        message_type: str,
+        group: str,
+        timeout: float,
+        deadline: float | None = None,
     ) -> tuple[dict[int, Message], dict[int, str]]:
-        """Send one message per node; return ({node: reply}, {node: why it failed})."""
+        """Send one message per node; return ({node: reply}, {node: why it failed}).
+
+        ``timeout`` is the hard limit. ``deadline`` (seconds, optional) is the straggler
+        deadline: once it has passed and at least one reply is in, the exchange closes
+        with what it has, and the missing replies count as late."""
         self.count += 1
         msgs = [
             Message(content, dst_node_id=nid, message_type=message_type, group_id=group)
@@ -53,17 +62,25 @@ class Exchange:
             else:
                 failed[nid] = "the SuperLink refused the message"
         ok: dict[int, Message] = {}
-        deadline = time.monotonic() + timeout
+        start = time.monotonic()
+        hard = start + timeout
+        soft = hard if deadline is None else min(hard, start + deadline)
         delay = POLL_FIRST_S
         while pending:
             got = self._pull(pending, ok, failed)
             now = time.monotonic()
-            if not pending or now >= deadline:
+            if not pending or now >= hard or (now >= soft and ok):
                 break
             delay = POLL_FIRST_S if got else min(delay * 2, POLL_MAX_S)
-            time.sleep(min(delay, deadline - now))
+            wake = soft if now < soft else hard
+            time.sleep(max(0.0, min(delay, wake - now)))
+        cut = time.monotonic() < hard
         for mid, nid in pending.items():
-            failed[nid] = f"no reply within {timeout:g} s"
+            failed[nid] = (
+                f"no reply within the straggler deadline of {deadline:.1f} s"
+                if cut
+                else f"no reply within {timeout:g} s"
+            )
             self.late[mid] = (group, nid, self.count)
         for mid, (_, _, n) in list(self.late.items()):
             if self.count - n >= LATE_ROUNDS:

@@ -128,6 +128,16 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
     anchor = None  # debiased: (round θ_a was sent, θ_a, ∇f(θ_a))
     theta0 = initial_position(model, dim, cfg)
     carry = CarryState(origin=theta0 if settings.restart else None)
+    durations: list[float] = []  # of the complete rounds so far
+
+    def straggler_deadline() -> float | None:
+        """factor × the median of the last 10 complete rounds, at least the floor; None
+        before any complete round or when off."""
+        if cfg.straggler_factor <= 0 or not durations:
+            return None
+        recent = sorted(durations[-10:])
+        median = recent[len(recent) // 2]
+        return max(cfg.straggler_floor, cfg.straggler_factor * median)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal failed_rounds, anchor
@@ -145,7 +155,12 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         arrays = ArrayRecord(out)
         content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
         bytes_down = sum(_record_bytes(c) for c in content.values())
-        ok, failed = exchange(content, MessageType.TRAIN, str(r), cfg.round_timeout)
+        t0 = time.monotonic()
+        ok, failed = exchange(
+            content, MessageType.TRAIN, str(r), cfg.round_timeout, straggler_deadline()
+        )
+        if not failed:  # a complete round: what the straggler deadline is measured on
+            durations.append(time.monotonic() - t0)
         accepted, bytes_up, nonfinite, energy_errors = [], 0, 0, []
         for nid, rep in ok.items():
             bytes_up += _record_bytes(rep.content)

@@ -6,6 +6,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import time
 from pathlib import Path
 
 import numpy as np
@@ -280,6 +281,50 @@ def test_a_late_reply_is_recognised_and_kept_out_of_the_average(tmp_path, caplog
     failing = _raise_to_error_reply(_failing_client(2, 1))
     ref, _ = run_grid(cfg.replace(out=str(tmp_path / "ref")), failing)
     assert torch.equal(result.theta_bar, ref.theta_bar)
+
+
+class SlowNodeGrid(InProcessGrid):
+    """One node's reply to one round becomes available only ``hold`` seconds after it was
+    pushed: a slow node (the others answer at once)."""
+
+    def __init__(self, *args, node_pid: int, round_: int, hold: float):
+        super().__init__(*args)
+        self.target, self.hold = (node_pid, round_), hold
+        self.held: dict[str, tuple[float, Message]] = {}
+
+    def push_messages(self, messages):
+        ids = super().push_messages(messages)
+        for mid, msg in zip(ids, messages, strict=True):
+            cfg = msg.content.get("config")
+            pid = self.contexts[msg.metadata.dst_node_id].node_config["partition-id"]
+            if cfg is not None and (pid, dict(cfg).get("round")) == self.target:
+                self.held[mid] = (time.monotonic() + self.hold, self.replies.pop(mid))
+        return ids
+
+    def pull_messages(self, message_ids):
+        now = time.monotonic()
+        for mid, (at, rep) in list(self.held.items()):
+            if now >= at:
+                self.replies[mid] = rep
+                del self.held[mid]
+        return super().pull_messages(message_ids)
+
+
+@pytest.mark.parametrize("factor", [2.0, 0.0])
+def test_the_straggler_deadline_closes_a_round_without_a_slow_node(tmp_path, factor):
+    """With --straggler-factor 2 (floor 0.2 s) round 2 closes at about twice round 1's
+    length without the node that takes 4 s; with 0 (off) it waits for it."""
+    cfg = small_cfg(tmp_path, f"s{factor}", rounds=2, straggler_factor=factor, straggler_floor=0.2)
+    grid = SlowNodeGrid(make_client_app(), 4, cfg.to_run_config(), node_pid=2, round_=2, hold=4.0)
+    result = serve(grid, cfg)
+    r1, r2 = result.history
+    took = r2["wall_s"] - r1["wall_s"]
+    if factor:
+        assert (r2["clients"], r2["failed"]) == (3, 1)
+        assert took < 4.0, took
+    else:
+        assert (r2["clients"], r2["failed"]) == (4, 0)
+        assert took >= 4.0, took
 
 
 def test_on_failure_stop_ends_the_run_with_a_clear_message(tmp_path):
