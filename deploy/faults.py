@@ -127,35 +127,42 @@ def case_supernode_kill(work: Path) -> dict:
             log(f"left running: {left}")
 
 
-def case_straggler(work: Path, pause_s: float = 100.0, timeout_s: float = 60.0) -> dict:
+def case_straggler(work: Path, timeout_s: float = 30.0) -> dict:
+    """Freeze one node in round 3 for longer than the round timeout and for at least two
+    more rounds, then let it go on, and see whether it takes part again."""
     dep = Deployment(work, num_nodes=3)
     try:
         dep.setup()
         dep.start_nodes()
         out = work / "run"
         proc = dep.submit(
-            f'{RUN} rounds=7 round-timeout={timeout_s:g} out="{out}"', work / "flwr.log"
+            f'{RUN} rounds=10 round-timeout={timeout_s:g} out="{out}"', work / "flwr.log"
         )
         rounds_done(proc, out, 2, work / "flwr.log")
         time.sleep(1.0)
         frozen = [p for pid in dep.pids("client1") for p in signal_tree(pid, signal.SIGSTOP)]
-        log(f"straggler: froze client1 ({len(frozen)} processes) for {pause_s:g} s")
-        time.sleep(pause_s)
+        t0 = time.monotonic()
+        log(f"straggler: froze client1 ({len(frozen)} processes) in round 3")
+        rounds_done(proc, out, 5, work / "flwr.log")
+        time.sleep(max(0.0, timeout_s + 10 - (time.monotonic() - t0)))
+        pause_s = time.monotonic() - t0
         for p in frozen:
             try:
                 os.kill(p, signal.SIGCONT)
             except ProcessLookupError:
                 pass
-        log("straggler: client1 resumed")
-        s = finish(dep, proc, out, 600)
+        resumed_at = len(metrics_rows(out))
+        log(f"straggler: client1 resumed after {pause_s:.0f} s, after round {resumed_at}")
+        s = finish(dep, proc, out, 900)
         rounds = per_round(out)
         missed = [r["round"] for r in rounds if r["failed"]]
-        back = [r["round"] for r in rounds if missed and r["round"] > max(missed)]
+        back = [r["round"] for r in rounds if r["round"] > resumed_at and not r["failed"]]
         return {
             "status": s.get("status"),
             "rounds": rounds,
-            "pause_s": pause_s,
+            "pause_s": round(pause_s, 1),
             "round_timeout_s": timeout_s,
+            "resumed_after_round": resumed_at,
             "rounds_missed": missed,
             "late_replies": s.get("late_replies"),
             "back_in_round": back[0] if back else None,
@@ -359,11 +366,12 @@ def table(results: dict) -> str:
     st = results.get("straggler")
     if st and "error" not in st:
         lines.append(
-            f"| 1 of 3 SuperNodes frozen {st['pause_s']:g} s (SIGSTOP) past "
-            f"round-timeout = {st['round_timeout_s']:g} s, then SIGCONT | run {st['status']}; "
-            f"rounds {st['rounds_missed']} went on without it; late replies recognised and "
-            f"dropped: {st['late_replies']}; back in round {st['back_in_round']} | its "
-            f"contribution to rounds {st['rounds_missed']} |"
+            f"| 1 of 3 SuperNodes (and its worker) frozen by SIGSTOP in round 3 for "
+            f"{st['pause_s']:g} s, past round-timeout = {st['round_timeout_s']:g} s, then "
+            f"SIGCONT after round {st['resumed_after_round']} | run {st['status']}; rounds "
+            f"{st['rounds_missed']} went on without it; late replies recognised and dropped: "
+            f"{st['late_replies']}; back in round {st['back_in_round']} | its contribution "
+            f"to rounds {st['rounds_missed']} |"
         )
     sl = results.get("superlink-restart")
     if sl and "error" not in sl:
