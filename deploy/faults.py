@@ -405,6 +405,17 @@ def table(results: dict) -> str:
 
 
 CASES = ("supernode-kill", "straggler", "superlink-restart", "soak", "bad-replies")
+HEADER = """# Fault injection on a deployment
+
+Made by `python deploy/faults.py`: each case builds the deploy/ recipe on loopback (TLS,
+SuperNode authentication, 3 SuperNodes with their warm workers, `digits`, `local-steps=2`,
+`leapfrog-steps=3`, `on-failure="renormalize"`, `checkpoint-every=1`), breaks something while
+a run is in flight and records what happened round by round (`faults.json` has every
+round). Measured on a 2-core machine that was running other jobs at the same time. What
+each failure means for a user is in [deploy/README.md](../../../deploy/README.md), "When
+things fail".
+
+"""
 
 
 def main(argv=None) -> int:
@@ -413,7 +424,13 @@ def main(argv=None) -> int:
     ap.add_argument("--only", nargs="+", choices=CASES, default=list(CASES))
     ap.add_argument("--soak-rounds", type=int, default=2000)
     ap.add_argument("--keep", action="store_true", help="keep the deployments' folders")
+    ap.add_argument("--table-only", action="store_true", help="rewrite faults.md from faults.json")
     args = ap.parse_args(argv)
+    if args.table_only:
+        out = Path(args.out)
+        results = json.loads((out / "faults.json").read_text())
+        (out / "faults.md").write_text(HEADER + table(results))
+        return 0
     missing = missing_tools()
     if missing:
         print(f"faults.py: not found on PATH: {', '.join(missing)}", file=sys.stderr)
@@ -449,7 +466,7 @@ def main(argv=None) -> int:
             tmp = path.with_suffix(".tmp")
             tmp.write_text(json.dumps(results, indent=1) + "\n")
             tmp.replace(path)
-            (out / "faults.md").write_text(table(results))
+            (out / "faults.md").write_text(HEADER + table(results))
     finally:
         if not args.keep:
             shutil.rmtree(base, ignore_errors=True)
