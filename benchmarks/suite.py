@@ -24,7 +24,8 @@ Usage::
 
     python -m benchmarks                   # everything (a few minutes)
     python -m benchmarks --only digits     # a subset: digits, blr, fmnist, mlp, flower,
-                                           # memory, eval (comma-separated)
+                                           # memory, eval, paper (comma-separated)
+    python -m benchmarks --only deploy     # a loopback deployment against Flower's floor
     python -m benchmarks --smoke           # tiny sizes, seconds, no targets (what CI runs)
 """
 
@@ -54,7 +55,8 @@ from fedhmc.sampler import SamplerSettings, run_round
 RESULTS = Path(__file__).resolve().parent / "results"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PAPER_EVALS = 200 * 50 * 11 * 10  # rounds × T × (K + 1) × N: about 1.1M
-GROUPS = ("digits", "blr", "fmnist", "mlp", "flower", "memory", "eval", "paper")
+GROUPS = ("digits", "blr", "fmnist", "mlp", "flower", "memory", "eval", "paper", "deploy")
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "deploy")  # deploy: --only deploy
 
 
 @dataclass
@@ -536,6 +538,12 @@ def targets(results: dict) -> list[dict]:
             "<= 4096",
             mem["peak_rss_mb"] <= 4096,
         )
+    dep = results.get("deploy")
+    if dep and "ratio_tiny_round" in dep:
+        r = dep["ratio_tiny_round"]
+        add("deployed round, fedhmc T=K=1 / echo floor", r, "<= 1.2", r <= 1.2)
+        r = dep["ratio_startup"]
+        add("deployed start-up, fedhmc / echo floor", r, "<= 1.5", r <= 1.5)
     for ev in results.get("eval", []):
         add(
             f"BMA evaluation / round ({ev['shape']})",
@@ -612,6 +620,10 @@ def render(results: dict) -> str:
                 f"({p['measured/estimate']:.2f} × the estimate)"
             )
         lines += ["", line + "."]
+    if results.get("deploy"):
+        from benchmarks.deploy import render as render_deploy
+
+        lines += ["", render_deploy(results["deploy"]).rstrip()]
     tg = results.get("targets", [])
     if tg:
         lines += ["", "| target | value | bound | status |", "|---|---:|---:|---|"]
@@ -631,6 +643,7 @@ def main(argv=None) -> int:
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per strategy")
     ap.add_argument("--flower-rounds", type=int, default=2, help="rounds of the Flower run")
     ap.add_argument("--memory-rounds", type=int, default=5, help="rounds of the memory run")
+    ap.add_argument("--deploy-rounds", type=int, default=6, help="rounds of each deployed run")
     ap.add_argument(
         "--confirm-paper",
         action="store_true",
@@ -643,7 +656,7 @@ def main(argv=None) -> int:
         "(default benchmarks/results; --smoke writes nothing unless given)",
     )
     args = ap.parse_args(argv)
-    groups = set(GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
+    groups = set(DEFAULT_GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
     unknown = groups - set(GROUPS)
     if unknown:
         raise ConfigError(
@@ -712,6 +725,11 @@ def main(argv=None) -> int:
         else:
             print("... Flower vs engine", file=sys.stderr, flush=True)
             results["flower"] = bench_flower(args.flower_rounds, 50, 10)
+    if "deploy" in groups and not args.smoke:
+        from benchmarks.deploy import bench_deploy
+
+        print("... deployment on loopback (a few minutes)", file=sys.stderr, flush=True)
+        results["deploy"] = bench_deploy(args.deploy_rounds)
     if "memory" in groups:
         print("... memory", file=sys.stderr, flush=True)
         n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)

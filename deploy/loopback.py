@@ -213,11 +213,12 @@ class Deployment:
         """The Flower process of ``name`` (the last PID in its pid file)."""
         return self.pids(name)[-1]
 
-    def submit(self, run_config: str, log: Path) -> subprocess.Popen:
-        """``flwr run . CONN --stream`` in the background, its output in ``log``."""
+    def submit(self, run_config: str, log: Path, app: Path | None = None) -> subprocess.Popen:
+        """``flwr run APP CONN --stream`` (APP: this repository) in the background, its
+        output in ``log``."""
         f = open(log, "w")  # noqa: SIM115 (closed by the child's exit)
         return subprocess.Popen(
-            ["flwr", "run", ".", self.conn, "--stream", "--run-config", run_config],
+            ["flwr", "run", str(app or "."), self.conn, "--stream", "--run-config", run_config],
             env=self.env,
             cwd=ROOT,
             stdout=f,
