@@ -143,6 +143,8 @@ class Deployment:
             ["flwr", *args], env=self.env, cwd=ROOT, capture_output=True, text=True, timeout=timeout
         )
 
+    out: Path | None = None  # where a test's run writes (set by the caller)
+
     def setup(self, *extra_keys: str) -> None:
         """Certificates, keys client0 … client{N−1} (and ``extra_keys``, unregistered), the
         SuperLink, the connection and the registration of the N clients' keys."""

@@ -143,3 +143,39 @@ def test_flwr_run_local_simulation_script_leaves_nothing_behind(tmp_path):
         ["pgrep", "-f", str(tmp_path / "deploy")], capture_output=True, text=True
     ).stdout.split()
     assert not left, f"processes left behind: {left}"
+
+
+def test_a_frozen_supernode_misses_rounds_then_takes_part_again(deployment):
+    """SIGSTOP one of two SuperNodes (and its worker) in round 2: the straggler deadline
+    (2 × the median round, at least 5 s) closes rounds without it well before the 120 s
+    round-timeout; after SIGCONT its late reply is dropped and it takes part again."""
+    import signal
+
+    from loopback import metrics_rows, signal_tree, summary, wait_until
+
+    dep = deployment
+    dep.setup()
+    dep.start_nodes()
+    run_config = (
+        "num-clients=2 rounds=7 local-steps=1 leapfrog-steps=1 round-timeout=120 "
+        f'straggler-factor=2.0 straggler-floor=5.0 out="{dep.out}"'
+    )
+    proc = dep.submit(run_config, dep.tmp / "flwr.log")
+    try:
+        wait_until(lambda: len(metrics_rows(dep.out)) >= 1, 240, "round 1")
+        frozen = [p for pid in dep.pids("client1") for p in signal_tree(pid, signal.SIGSTOP)]
+        wait_until(lambda: len(metrics_rows(dep.out)) >= 3, 240, "rounds 2-3 without client1")
+        for p in frozen:
+            try:
+                os.kill(p, signal.SIGCONT)
+            except ProcessLookupError:
+                pass
+        wait_until(lambda: summary(dep.out).get("status") == "completed", 300, "the run's end")
+    finally:
+        proc.wait(timeout=60)
+    rows = [(int(r["clients"]), int(r["failed"])) for r in metrics_rows(dep.out)]
+    assert rows[0] == (2, 0)
+    assert rows[1] == (1, 1) and rows[2] == (1, 1), rows  # closed without the frozen node
+    assert (2, 0) in rows[3:], rows  # it takes part again
+    s = summary(dep.out)
+    assert s["client_failures"] >= 2 and s["late_replies"] >= 1, s
