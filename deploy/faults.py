@@ -26,6 +26,7 @@ The whole suite takes about 15 minutes on 2 cores.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import shutil
@@ -94,11 +95,23 @@ def finish(dep: Deployment, proc: subprocess.Popen, out: Path, timeout: float) -
 
 
 # --------------------------------------------------------------------------- cases
-def case_supernode_kill(work: Path) -> dict:
-    dep = Deployment(work, num_nodes=3)
+@contextlib.contextmanager
+def started(work: Path, num_nodes: int = 3):
+    """A set-up loopback deployment with its SuperNodes started; everything is stopped
+    afterwards, and anything left running is reported."""
+    dep = Deployment(work, num_nodes=num_nodes)
     try:
         dep.setup()
         dep.start_nodes()
+        yield dep
+    finally:
+        left = dep.stop_all()
+        if left:
+            log(f"left running: {left}")
+
+
+def case_supernode_kill(work: Path) -> dict:
+    with started(work) as dep:
         out = work / "run"
         proc = dep.submit(f'{RUN} rounds=8 round-timeout=60 out="{out}"', work / "flwr.log")
         rounds_done(proc, out, 2, work / "flwr.log")
@@ -121,19 +134,12 @@ def case_supernode_kill(work: Path) -> dict:
             "client_failures": s.get("client_failures"),
             "rejoined_in_round": back[0] if back else None,
         }
-    finally:
-        left = dep.stop_all()
-        if left:
-            log(f"left running: {left}")
 
 
 def case_straggler(work: Path, timeout_s: float = 30.0) -> dict:
     """Freeze one node in round 3 for longer than the round timeout and for at least two
     more rounds, then let it go on, and see whether it takes part again."""
-    dep = Deployment(work, num_nodes=3)
-    try:
-        dep.setup()
-        dep.start_nodes()
+    with started(work) as dep:
         out = work / "run"
         proc = dep.submit(
             f'{RUN} rounds=10 round-timeout={timeout_s:g} out="{out}"', work / "flwr.log"
@@ -167,10 +173,6 @@ def case_straggler(work: Path, timeout_s: float = 30.0) -> dict:
             "late_replies": s.get("late_replies"),
             "back_in_round": back[0] if back else None,
         }
-    finally:
-        left = dep.stop_all()
-        if left:
-            log(f"left running: {left}")
 
 
 def _same(a: Path, b: Path) -> dict:
@@ -189,10 +191,7 @@ def _same(a: Path, b: Path) -> dict:
 
 
 def case_superlink_restart(work: Path) -> dict:
-    dep = Deployment(work, num_nodes=3)
-    try:
-        dep.setup()
-        dep.start_nodes()
+    with started(work) as dep:
         ref = work / "reference"
         proc = dep.submit(f'{RUN} rounds=6 round-timeout=60 out="{ref}"', work / "ref.log")
         s_ref = finish(dep, proc, ref, 900)
@@ -223,10 +222,6 @@ def case_superlink_restart(work: Path) -> dict:
             "rounds": per_round(out),
             **_same(out, ref),
         }
-    finally:
-        left = dep.stop_all()
-        if left:
-            log(f"left running: {left}")
 
 
 def case_soak(work: Path, rounds: int) -> dict:
