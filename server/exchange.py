@@ -92,39 +92,37 @@ class Exchange:
 
     def _send_and_receive(self, contents, msgs, timeout):
         replies = list(self.grid.send_and_receive(msgs, timeout=timeout))
-        by_id = {m.metadata.message_id: nid for nid, m in zip(contents, msgs, strict=True)}
-        ok, failed = {}, {}
+        pending = {m.metadata.message_id: nid for nid, m in zip(contents, msgs, strict=True)}
+        ok: dict[int, Message] = {}
+        failed: dict[int, str] = {}
         for rep in replies:
-            nid = by_id.get(rep.metadata.reply_to_message_id)
-            if nid is None:
-                continue
-            if rep.has_error():
-                failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
-            else:
-                ok[nid] = rep
-        for nid in contents:
-            if nid not in ok and nid not in failed:
-                failed[nid] = f"no reply within {timeout:g} s"
+            self._take(rep, pending, ok, failed)
+        for nid in pending.values():
+            failed[nid] = f"no reply within {timeout:g} s"
         return ok, failed
 
     def _pull(self, pending: dict, ok: dict, failed: dict) -> int:
         replies = list(self.grid.pull_messages([*pending, *self.late]))
         for rep in replies:
-            mid = rep.metadata.reply_to_message_id
-            if mid in pending:
-                nid = pending.pop(mid)
-                if rep.has_error():
-                    failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
-                else:
-                    ok[nid] = rep
-            elif mid in self.late:
-                group, nid, _ = self.late.pop(mid)
-                self.late_replies.append((group, nid))
-                what = "error" if rep.has_error() else "reply"
-                log.warning(
-                    "late %s from client %s to message group %s ignored (it timed out)",
-                    what,
-                    nid,
-                    group,
-                )
+            self._take(rep, pending, ok, failed)
         return len(replies)
+
+    def _take(self, rep: Message, pending: dict, ok: dict, failed: dict) -> None:
+        """File one reply: this exchange's (ok or failed), a late one (logged), or neither."""
+        mid = rep.metadata.reply_to_message_id
+        if mid in pending:
+            nid = pending.pop(mid)
+            if rep.has_error():
+                failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
+            else:
+                ok[nid] = rep
+        elif mid in self.late:
+            group, nid, _ = self.late.pop(mid)
+            self.late_replies.append((group, nid))
+            what = "error" if rep.has_error() else "reply"
+            log.warning(
+                "late %s from client %s to message group %s ignored (it timed out)",
+                what,
+                nid,
+                group,
+            )
