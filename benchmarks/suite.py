@@ -18,7 +18,7 @@ regression, N = 10, T = 50, K = 10; Ray start-up reported apart from the round l
 peak resident memory of 1,000 simulated clients on digits (in a subprocess), the BMA
 evaluation time as a share of a round, and estimates the paper-scale Fashion-MNIST run time.
 Every target of the issue is printed MET / NOT MET with its ratio, and the results are
-written to ``benchmarks/results/<UTC time>.json`` and ``.md``.
+written to ``docs/results/benchmarks/<UTC time>.json`` and ``.md``.
 
 Usage::
 
@@ -52,7 +52,7 @@ from fedhmc.errors import ConfigError
 from fedhmc.problem import build_problem
 from fedhmc.sampler import SamplerSettings, run_round
 
-RESULTS = Path(__file__).resolve().parent / "results"
+RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "benchmarks"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PAPER_EVALS = 200 * 50 * 11 * 10  # rounds × T × (K + 1) × N: about 1.1M
 GROUPS = ("digits", "blr", "fmnist", "mlp", "flower", "memory", "eval", "paper", "deploy")
@@ -653,7 +653,7 @@ def main(argv=None) -> int:
         "--out",
         default=None,
         help="directory for <time>.json and .md "
-        "(default benchmarks/results; --smoke writes nothing unless given)",
+        "(default docs/results/benchmarks; --smoke writes nothing unless given)",
     )
     args = ap.parse_args(argv)
     groups = set(DEFAULT_GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}

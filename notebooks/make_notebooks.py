@@ -198,8 +198,8 @@ T ∈ {1, 10, 20, 50, 100} at K = 10. Its best settings reach, after 200 rounds,
 This notebook reads the tables written by
 
 ```bash
-fedhmc experiment fmnist-K --out notebooks/results/fmnist-K
-fedhmc experiment fmnist-T --out notebooks/results/fmnist-T
+fedhmc experiment fmnist-K --out docs/results/fmnist-K
+fedhmc experiment fmnist-T --out docs/results/fmnist-T
 ```
 
 (add `--full` for the paper's 200 rounds and T = 50: hours on 2 CPU cores). The committed
@@ -215,7 +215,7 @@ from pathlib import Path
 
 import matplotlib.pyplot as plt
 
-RESULTS = Path(os.environ.get("FEDHMC_RESULTS", "notebooks/results"))
+RESULTS = Path(os.environ.get("FEDHMC_RESULTS", "docs/results"))
 PAPER = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
 
 
@@ -272,8 +272,8 @@ budget (200 rounds of T = 50 leapfrog steps, 10 iid clients, batch 1000). Each s
 η is tuned on the authors' grid at 40 rounds on seed 0, then 5 seeds run at the chosen η:
 
 ```bash
-fedhmc experiment paper-fmnist-K --full --workers 2 --out notebooks/results/paper-fmnist-K
-fedhmc experiment paper-fmnist-T --full --workers 2 --out notebooks/results/paper-fmnist-T
+fedhmc experiment paper-fmnist-K --full --workers 2 --out docs/results/paper-fmnist-K
+fedhmc experiment paper-fmnist-T --full --workers 2 --out docs/results/paper-fmnist-T
 ```
 
 Solid lines are the authors' protocol and dotted lines Algorithm 3, each the mean over

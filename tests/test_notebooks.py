@@ -47,7 +47,7 @@ def test_reproduction_notebook_executes_on_the_committed_results(tmp_path, monke
         import make_notebooks
     finally:
         sys.path.pop(0)
-    monkeypatch.setenv("FEDHMC_RESULTS", str(ROOT / "notebooks" / "results"))
+    monkeypatch.setenv("FEDHMC_RESULTS", str(ROOT / "docs" / "results"))
     monkeypatch.setenv("MPLBACKEND", "Agg")
     nb = make_notebooks.execute(make_notebooks.build(make_notebooks.REPRODUCTION), tmp_path)
     assert not [o for o in _outputs(nb) if o.output_type == "error"]
