@@ -3,7 +3,7 @@
 For each problem shape it times, interleaved in one process with a warm-up and repeats,
 the client-gradient evaluations per second of
 
-- ``engine``: ``fedhmc.sampler.run_round`` (FA-HMC: T local iterations of K leapfrog steps,
+- ``engine``: ``fedhmc.algorithms.fahmc.run_round`` (FA-HMC: T local iterations of K leapfrog steps,
   counter-based minibatches, momentum, averaging), counting T·(K+1)·N evaluations a round;
 - ``batched``: a bare batched-gradient loop of the same shapes: a random minibatch gather
   and the gradient of every client at once (closed form by two ``bmm`` for logistic
@@ -47,10 +47,10 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.config import RunConfig
+from fedhmc.algorithms.fahmc import SamplerSettings, run_round
 from fedhmc.errors import ConfigError
-from fedhmc.problem import build_problem
-from fedhmc.sampler import SamplerSettings, run_round
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.problem import build_problem
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "benchmarks"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
@@ -313,7 +313,7 @@ def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") ->
     SuperNodes, app loading) is its total wall time minus that.
     """
     _quiet_env()
-    from fedhmc.engine import run
+    from fedhmc.runtime.engine import run
 
     try:
         from fedhmc_server.simulation import run_flower
@@ -360,8 +360,8 @@ def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") ->
 
 _MEMORY_CHILD = """
 import json, resource, sys, tempfile, time
-from fedhmc.config import RunConfig
-from fedhmc.engine import run
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
 n, rounds = int(sys.argv[1]), int(sys.argv[2])
 with tempfile.TemporaryDirectory() as tmp:
     t0 = time.perf_counter()
@@ -399,7 +399,7 @@ def bench_paper(model: str, measure_rounds: int, confirm: bool) -> dict:
     """
     import tempfile
 
-    from fedhmc.engine import run
+    from fedhmc.runtime.engine import run
 
     def cfg(rounds: int, out: str) -> RunConfig:
         return RunConfig(
@@ -442,7 +442,7 @@ def bench_eval(dataset: str, repeats: int, T: int | None = None, K: int | None =
         cfg = cfg.replace(leapfrog_steps=K)
     cfg = cfg.resolve()
     problem = build_problem(cfg)
-    from fedhmc.engine import initial_position, sampler_settings
+    from fedhmc.runtime.engine import initial_position, sampler_settings
 
     settings = sampler_settings(cfg)
     theta = initial_position(problem.model, problem.dim, cfg)

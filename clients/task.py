@@ -1,7 +1,7 @@
 """The client's side of FA-HMC, free of Flower types: load a partition, run T iterations.
 
 A client loads its own partition once per process (cached), and each round runs T local
-FA-HMC iterations through :func:`fedhmc.sampler.client_update`, the same function the
+FA-HMC iterations through :func:`fedhmc.algorithms.fahmc.client_update`, the same function the
 batched engine's numbers are tested against. It never sends its data or its private seed.
 """
 
@@ -9,14 +9,10 @@ from __future__ import annotations
 
 import torch
 
-from fedhmc.config import RunConfig
-from fedhmc.problem import build_client_target, torch_dtype
-from fedhmc.sampler import (
-    SamplerSettings,
-    client_anchor_gradient,
-    client_seed,
-    client_update,
-)
+from fedhmc.algorithms.debiased import client_anchor_gradient
+from fedhmc.algorithms.fahmc import SamplerSettings, client_seed, client_update
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.problem import build_client_target, torch_dtype
 
 # Every sampler setting travels in the round's ConfigRecord: the server is authoritative.
 SETTING_KEYS = (
@@ -207,16 +203,18 @@ def async_gradient(
     """async-sghmc/sgld: this worker's stochastic gradient at the θ (D,) it was sent.
 
     ``config`` carries the chain, the request counter (which selects the minibatch), n and
-    the settings the gradient depends on; see :func:`fedhmc.async_sgmcmc.worker_gradient`.
+    the settings the gradient depends on; see
+    :func:`fedhmc.algorithms.async_sgmcmc.worker_gradient`.
     Returns (gradient as a numpy array of the run's dtype, n_c).
     """
-    from fedhmc.async_sgmcmc import worker_gradient, worker_key, worker_target
+    from fedhmc.algorithms.async_sgmcmc import worker_gradient, worker_key
+    from fedhmc.runtime.problem import async_worker_target
 
     cfg = cfg.replace(batch_size=int(config["batch-size"]), prior_std=float(config["prior-std"]))
     num_total = int(config["num-examples-total"])
     key = ("async", *_target_key(cfg, partition_id, num_total))
     if key not in _TARGETS:  # loaded once per process, as partition_target's
-        _TARGETS[key] = worker_target(cfg, partition_id, num_total)
+        _TARGETS[key] = async_worker_target(cfg, partition_id, num_total)
     target, n_c = _TARGETS[key]
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     g = worker_gradient(

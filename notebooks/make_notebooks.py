@@ -37,9 +37,9 @@ import matplotlib.pyplot as plt
 import numpy as np
 import torch
 
-from fedhmc.config import RunConfig
-from fedhmc.engine import run
-from fedhmc.problem import build_problem
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
+from fedhmc.runtime.problem import build_problem
 
 ROUNDS = int(os.environ.get("FEDHMC_TUTORIAL_ROUNDS", "200"))
 OUT = os.environ.get("FEDHMC_TUTORIAL_OUT", "runs/tutorial")
@@ -56,7 +56,7 @@ With Dirichlet α = 0.5 most clients see a few classes much more than others."""
         "code",
         """from fedhmc_datasets.partition import label_histogram
 
-from fedhmc.problem import load_client_data
+from fedhmc.runtime.problem import load_client_data
 
 cfg = RunConfig(dataset="digits", num_clients=10, partition="dirichlet", dirichlet_alpha=0.5,
                 rounds=ROUNDS, out=f"{OUT}/fahmc").resolve()

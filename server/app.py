@@ -14,7 +14,7 @@ from fedhmc_server.progress import log_final, round_logger
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhmc.config import ASYNC_ALGORITHMS, RunConfig
+from fedhmc.runtime.config import ASYNC_ALGORITHMS, RunConfig
 
 
 def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) -> ServerApp:

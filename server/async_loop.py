@@ -4,10 +4,10 @@
 S = ``--chains`` servers (independent chains), W workers (the SuperNodes), worker i serving
 chain i mod S. The server sends every worker θ of its chain with ``push_messages``; from
 then on it polls ``pull_messages`` and applies each gradient as soon as it arrives
-(:class:`fedhmc.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
+(:class:`fedhmc.algorithms.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
 then sends the new θ to that worker only. A gradient staler than ``--max-staleness`` server
 updates is dropped. A "round" of the output is ``--local-steps`` updates of every chain:
-θ of every chain at that timestamp goes through the engine's :func:`fedhmc.engine.run_loop`
+θ of every chain at that timestamp goes through the engine's :func:`fedhmc.runtime.engine.run_loop`
 (burn-in, thinning, metrics, files), so the files are those of ``fedhmc run``, plus
 ``staleness.csv`` and ``workers.csv`` and an ``async`` block in ``summary.json``.
 
@@ -29,13 +29,18 @@ from fedhmc_server.loop import query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, pooled_histogram, staleness_rows
-from fedhmc.config import RunConfig
-from fedhmc.engine import RoundStats, RunResult, prepare, run_loop
+from fedhmc.algorithms.async_sgmcmc import (
+    AsyncChain,
+    AsyncSettings,
+    pooled_histogram,
+    staleness_rows,
+)
+from fedhmc.algorithms.stale import chain_keys
 from fedhmc.errors import ConfigError, FedHMCError
-from fedhmc.output import write_csv_atomic
-from fedhmc.problem import build_evaluator, initial_position, torch_dtype
-from fedhmc.sgmcmc import chain_keys
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import RoundStats, RunResult, prepare, run_loop
+from fedhmc.runtime.output import write_csv_atomic
+from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
 log = logging.getLogger("fedhmc.server")
 

@@ -3,10 +3,10 @@
 Each round it sends every client one message: θ̄ as an ArrayRecord and a ConfigRecord with
 the round, the round seed (from which every client derives the shared momentum ξ of its T
 iterations) and the sampler settings. Replies are validated
-(:func:`fedhmc.aggregate.validate_reply`) and averaged with weights n_c
-(:func:`fedhmc.aggregate.weighted_average`), renormalised over the clients that replied.
+(:func:`fedhmc.core.aggregate.validate_reply`) and averaged with weights n_c
+(:func:`fedhmc.core.aggregate.weighted_average`), renormalised over the clients that replied.
 The loop between rounds (sample collection, metrics, files) is the engine's own
-:func:`fedhmc.engine.run_loop`, so the output files are the same.
+:func:`fedhmc.runtime.engine.run_loop`, so the output files are the same.
 """
 
 from __future__ import annotations
@@ -19,9 +19,11 @@ from fedhmc_server.exchange import Exchange
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.aggregate import ReplyError, validate_reply, weighted_average
-from fedhmc.config import RunConfig
-from fedhmc.engine import (
+from fedhmc.algorithms.fahmc import round_seed
+from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
+from fedhmc.errors import FedHMCError
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import (
     CarryState,
     RoundStats,
     RunResult,
@@ -29,9 +31,7 @@ from fedhmc.engine import (
     run_loop,
     sampler_settings,
 )
-from fedhmc.errors import FedHMCError
-from fedhmc.problem import build_evaluator, initial_position, torch_dtype
-from fedhmc.sampler import round_seed
+from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
 log = logging.getLogger("fedhmc.server")
 

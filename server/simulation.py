@@ -15,8 +15,8 @@ import sys
 import threading
 import warnings
 
-from fedhmc.config import RunConfig
-from fedhmc.engine import RunResult, prepare
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import RunResult, prepare
 
 
 def flower_environment(home: str | None = None) -> None:
@@ -50,7 +50,9 @@ def _hard_stop(signum: int) -> None:
 
 
 def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunResult:
-    """Run ``cfg`` through Flower's simulation engine; same files as :func:`fedhmc.engine.run`.
+    """Run ``cfg`` through Flower's simulation engine.
+
+    It writes the same files as :func:`fedhmc.runtime.engine.run`.
 
     ``client_app`` replaces the ClientApp (tests use it to inject failures).
     """
@@ -62,7 +64,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
 
     result: dict = {}
     server = make_server_app(cfg, result)
-    from fedhmc.engine import StopRequest, request_stop
+    from fedhmc.runtime.engine import StopRequest, request_stop
 
     StopRequest.signum = None
     old_handlers = {}

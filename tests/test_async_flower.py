@@ -1,8 +1,8 @@
 """Asynchronous distributed SG-MCMC on Flower (async-sghmc / async-sgld).
 
-Most checks are on the pure server state machine (fedhmc.async_sgmcmc): staleness
+Most checks are on the pure server state machine (fedhmc.algorithms.async_sgmcmc): staleness
 bookkeeping on scripted arrival orders, dropping, and the update against
-fedhmc.sgmcmc bit for bit. The real ServerApp body and ClientApp then run over a small
+fedhmc.algorithms.stale bit for bit. The real ServerApp body and ClientApp then run over a small
 threaded Grid (push/pull, replies in any order) with a worker that raises and one that
 hangs, and once through Flower's simulation engine on the heterogeneous Gaussian, whose
 posterior N(m 1, v I) is exact.
@@ -23,12 +23,12 @@ from _grids import LocalGrid
 from fedhmc_clients.app import make_client_app
 from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 
-from fedhmc.async_sgmcmc import AsyncChain, AsyncSettings, euler_step, pooled_histogram
-from fedhmc.config import RunConfig
-from fedhmc.diagnostics import ess_basic
-from fedhmc.engine import run
+from fedhmc.algorithms.async_sgmcmc import AsyncChain, AsyncSettings, euler_step, pooled_histogram
+from fedhmc.algorithms.stale import StaleSettings, advance, chain_keys, init_state
+from fedhmc.analysis.diagnostics import ess_basic
 from fedhmc.errors import ConfigError
-from fedhmc.sgmcmc import StaleSettings, advance, chain_keys, init_state
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
 
 Z = 5.0
 M, V = 2.0, 0.5
@@ -89,7 +89,7 @@ def test_a_too_stale_gradient_is_dropped_and_counted():
 @pytest.mark.parametrize("workers", [1, 3])
 def test_round_robin_workers_are_sgmcmc_with_fixed_staleness_bit_for_bit(method, workers):
     """W workers answering in turn give staleness W − 1, and the first W − 1 gradients are
-    taken at θ_0: exactly fedhmc.sgmcmc's stale chain with τ = W − 1 (τ = 0: plain SGHMC /
+    taken at θ_0: exactly fedhmc.algorithms.stale's stale chain with τ = W − 1 (τ = 0: plain SGHMC /
     SGLD), with the same noise."""
     steps, D = 25, 4
     settings = AsyncSettings(method, 0.05, 2.0, temperature=0.7, max_staleness=workers)
@@ -423,9 +423,9 @@ def test_data_workers_send_their_partition_gradient(tmp_path):
     from fedhmc_clients.app import handle_grad
     from flwr.app import Array, ArrayRecord, ConfigRecord
 
-    from fedhmc.async_sgmcmc import worker_key
-    from fedhmc.problem import build_problem
-    from fedhmc.sampler import client_seed
+    from fedhmc.algorithms.async_sgmcmc import worker_key
+    from fedhmc.algorithms.fahmc import client_seed
+    from fedhmc.runtime.problem import build_problem
 
     cfg = RunConfig(
         algorithm="async-sghmc",

@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from fedhmc.cli import main as _main
+from fedhmc.cli.main import main as _main
 
 
 def main(argv):
@@ -134,8 +134,8 @@ def test_malformed_sweep_file_and_run_config_are_one_line(tmp_path, capsys):
     code = main(["sweep", "--file", str(bad), "--out", str(tmp_path / "sw")])
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1, err
-    from fedhmc.config import RunConfig
     from fedhmc.errors import ConfigError
+    from fedhmc.runtime.config import RunConfig
 
     with pytest.raises(ConfigError, match="rounds"):
         RunConfig.from_mapping({"rounds": "many"})

@@ -7,8 +7,8 @@ import json
 import pytest
 import torch
 
-from fedhmc.models import LogisticRegression
-from fedhmc.targets import DataTarget
+from fedhmc.models.nets import LogisticRegression
+from fedhmc.models.targets import DataTarget
 
 
 def reference_loss_grad(model, theta, X, y, sw):

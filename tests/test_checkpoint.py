@@ -20,11 +20,11 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc import checkpoint
-from fedhmc.cli import main
-from fedhmc.config import RunConfig
-from fedhmc.engine import run
+from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError, RunInterrupted
+from fedhmc.runtime import checkpoint
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
 
 TIMING = {"wall_s"}
 
@@ -194,8 +194,8 @@ def test_kill_9_leaves_a_resumable_directory(tmp_path):
 
 
 def test_an_algorithm_without_a_checkpointed_server_is_refused(tmp_path):
-    from fedhmc.engine import run_loop
-    from fedhmc.problem import build_problem
+    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.problem import build_problem
 
     cfg = RunConfig(num_clients=2, rounds=2, out=str(tmp_path / "a"), resume=True).resolve()
     problem = build_problem(cfg)

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from fedhmc.cli import main
+from fedhmc.cli.main import main
 
 QUICK = ["--rounds", "4", "--local-steps", "2", "--leapfrog-steps", "3", "--quiet"]
 
@@ -192,7 +192,7 @@ def test_data_command_bad_input_is_one_line(args, needle, capsys):
 
 
 def test_scaling_default_depends_on_dataset():
-    from fedhmc.config import RunConfig
+    from fedhmc.runtime.config import RunConfig
 
     assert RunConfig().resolve().scaling == "standardize"
     assert RunConfig(dataset="blr-synthetic", dim=5).resolve().scaling == "none"

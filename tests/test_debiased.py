@@ -15,10 +15,12 @@ import math
 import pytest
 import torch
 
-from fedhmc.config import RunConfig
-from fedhmc.engine import run
-from fedhmc.sampler import Anchor, SamplerSettings, debiased_round, run_round
-from fedhmc.targets import fahmc_gaussian_stationary, hetero_gaussian
+from fedhmc.algorithms.debiased import Anchor, debiased_round
+from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
+from fedhmc.models.targets import hetero_gaussian
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
 
 Z = 5.0
 CHAINS, DIM = 1000, 4
@@ -116,7 +118,7 @@ def test_engine_runs_debiased_and_counts_its_bytes(tmp_path, anchor_batch):
 
 
 def test_debiased_gaussian_experiment_quick(tmp_path, capsys):
-    from fedhmc.cli import main
+    from fedhmc.cli.main import main
 
     assert main(["experiment", "debiased-gaussian", "--quick", "--out", str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "debiased_gaussian.json").read_text())

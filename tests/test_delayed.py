@@ -8,17 +8,11 @@ import os
 import pytest
 import torch
 
-from fedhmc.cli import main
-from fedhmc.delayed import (
-    MODES,
-    DelayedSettings,
-    WorkerError,
-    hessian_eigs,
-    make_regression,
-    posterior,
-    run_delayed,
-    sequential_reference,
-)
+from fedhmc.algorithms.delayed.driver import run_delayed
+from fedhmc.algorithms.delayed.problem import hessian_eigs, make_regression, posterior
+from fedhmc.algorithms.delayed.sgld import MODES, DelayedSettings, sequential_reference
+from fedhmc.algorithms.delayed.workers import WorkerError
+from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
 
 FORK = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
@@ -122,7 +116,7 @@ def test_posterior_closed_form_matches_direct_linear_algebra(small):
     torch.testing.assert_close(cov, torch.linalg.inv(hess))
     torch.testing.assert_close(posterior(small, temperature=2.0)[1], 2.0 * cov)
     # the gradient used by the workers vanishes at the posterior mean (full data)
-    from fedhmc.delayed import gradient
+    from fedhmc.algorithms.delayed.sgld import gradient
 
     g = gradient(small, mean.unsqueeze(0), torch.zeros(1, dtype=torch.int64), 0, 0)
     assert g.abs().max() < 1e-8
@@ -197,8 +191,8 @@ def test_delayed_sgld_preset_quick(tmp_path):
 
 
 def test_batched_w2_matches_the_metrics_module():
-    from fedhmc.delayed import w2_to
-    from fedhmc.metrics import gaussian_w2
+    from fedhmc.analysis.metrics import gaussian_w2
+    from fedhmc.experiments.delayed_sgld import w2_to
 
     gen = torch.Generator().manual_seed(0)
     snaps = torch.randn(3, 40, 4, generator=gen, dtype=torch.float64) * 2 + 1

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.diagnostics import ess, ess_basic, mcse_mean, split_rhat, summarize
+from fedhmc.analysis.diagnostics import ess, ess_basic, mcse_mean, split_rhat, summarize
 
 
 def ar1(phi: float, n: int, m: int, seed: int) -> np.ndarray:

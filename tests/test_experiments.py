@@ -9,13 +9,10 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.cli import main
-from fedhmc.sampler import SamplerSettings, run_round
-from fedhmc.targets import (
-    fahmc_gaussian_stationary,
-    fahmc_gaussian_transient,
-    hetero_gaussian,
-)
+from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.analysis.gaussian import fahmc_gaussian_stationary, fahmc_gaussian_transient
+from fedhmc.cli.main import main
+from fedhmc.models.targets import hetero_gaussian
 
 Z = 5.0
 
@@ -87,8 +84,8 @@ def test_blr_eta_quick_caches_its_reference(tmp_path, monkeypatch):
     cached = list((tmp_path / "cache" / "reference").glob("*.npy"))
     assert len(cached) == 1
     stamp = cached[0].stat().st_mtime_ns
-    from fedhmc.config import RunConfig
-    from fedhmc.experiments import blr_reference
+    from fedhmc.experiments.blr import blr_reference
+    from fedhmc.runtime.config import RunConfig
 
     cfg = RunConfig(dataset="blr-synthetic", dim=20, num_clients=20, partition="iid").resolve()
     draws, info = blr_reference(
@@ -110,7 +107,7 @@ def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypa
 
 
 def test_rounds_to_reach():
-    from fedhmc.experiments import rounds_to_reach
+    from fedhmc.experiments.blr import rounds_to_reach
 
     assert rounds_to_reach([(1, 0.5), (2, 0.3), (3, 0.2), (4, 0.25)], 0.3) == 2
     assert rounds_to_reach([(1, 0.5), (2, 0.4)], 0.3) is None
@@ -119,7 +116,7 @@ def test_rounds_to_reach():
 
 
 def test_evaluation_rounds_are_every_round_then_geometric():
-    from fedhmc.experiments import evaluation_rounds
+    from fedhmc.experiments.blr import evaluation_rounds
 
     assert evaluation_rounds(7) == [1, 2, 3, 4, 5, 6, 7]
     long = evaluation_rounds(5000)
@@ -147,7 +144,7 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
         for r in csv.DictReader(f):
             curves.setdefault(int(r["T"]), []).append((int(r["round"]), float(r["me"])))
     # The reported rounds are those of the recorded curves.
-    from fedhmc.experiments import rounds_to_reach
+    from fedhmc.experiments.blr import rounds_to_reach
 
     for row in rows:
         for i, e in enumerate(eps):
@@ -161,7 +158,7 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
 
 
 def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
-    from fedhmc.paper import FIGURES, budget_figure, cell_settings, select_eta
+    from fedhmc.experiments.paper import FIGURES, budget_figure, cell_settings, select_eta
 
     out = tmp_path / "p"
     assert main(["experiment", "paper-fmnist-K", "--quick", "--out", str(out)]) == 0
@@ -209,10 +206,10 @@ def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
 
 
 def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path):
-    from fedhmc.config import RunConfig
-    from fedhmc.engine import run, sampler_settings
-    from fedhmc.paper import authors_blr_samples
-    from fedhmc.problem import build_problem
+    from fedhmc.experiments.paper import authors_blr_samples
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run, sampler_settings
+    from fedhmc.runtime.problem import build_problem
 
     cfg = RunConfig(
         dataset="blr-synthetic",
@@ -258,7 +255,7 @@ def test_paper_blr_t_quick(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("best,start", [(2e-5, None), (5e-4, 1e-5), (2e-7, 1e-5), (1e-6, 1e-6)])
 def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch, best, start):
-    from fedhmc import paper
+    from fedhmc.experiments import paper
 
     fig = paper.FIGURES["paper-fmnist-K"]
     ran = []

@@ -8,12 +8,12 @@ import json
 import numpy as np
 import pytest
 
-from fedhmc.cli import main
-from fedhmc.config import RunConfig
-from fedhmc.diagnostics import ess, split_rhat
-from fedhmc.engine import run
+from fedhmc.analysis.diagnostics import ess, split_rhat
+from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
-from fedhmc.export import export_arviz, param_layout
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run
+from fedhmc.runtime.export import export_arviz, param_layout
 
 az = pytest.importorskip("arviz", reason="the optional extra fedhmc[arviz] is not installed")
 

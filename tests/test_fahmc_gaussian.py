@@ -20,8 +20,7 @@ import math
 import pytest
 import torch
 
-from fedhmc.aggregate import weighted_average
-from fedhmc.sampler import (
+from fedhmc.algorithms.fahmc import (
     SamplerSettings,
     client_seed,
     local_iterations,
@@ -29,7 +28,9 @@ from fedhmc.sampler import (
     round_seed,
     run_round,
 )
-from fedhmc.targets import GaussianTarget, fahmc_gaussian_stationary, hetero_gaussian
+from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
+from fedhmc.core.aggregate import weighted_average
+from fedhmc.models.targets import GaussianTarget, hetero_gaussian
 
 Z = 5.0
 CHAINS, DIM = 2000, 4

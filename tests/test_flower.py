@@ -18,12 +18,12 @@ from fedhmc_clients.app import handle_train, make_client_app
 from fedhmc_server.loop import serve
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
-from fedhmc.aggregate import ReplyError, validate_reply
-from fedhmc.config import RunConfig
-from fedhmc.engine import run, sampler_settings
+from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed
+from fedhmc.core.aggregate import ReplyError, validate_reply
 from fedhmc.errors import FedHMCError
-from fedhmc.problem import build_problem
-from fedhmc.sampler import client_seed, client_update, round_seed
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import run, sampler_settings
+from fedhmc.runtime.problem import build_problem
 
 ROOT = Path(__file__).resolve().parents[1]
 

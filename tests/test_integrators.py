@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fedhmc.integrators import leapfrog
+from fedhmc.core.integrators import leapfrog
 
 
 def _oscillator(omega: float):
@@ -97,8 +97,8 @@ def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh)
     """RoundInfo.energy_error (the health check's input) against H = f + |p|²/2 computed
     directly. The start momentum is recovered by time reversal (leapfrog from (θ_K, −p_K)
     ends at (θ_0, −p_0)); on a quadratic energy the estimate is exact, so 1e-9."""
-    from fedhmc.sampler import SamplerSettings, client_seed, local_iterations, round_keys
-    from fedhmc.targets import GaussianTarget
+    from fedhmc.algorithms.fahmc import SamplerSettings, client_seed, local_iterations, round_keys
+    from fedhmc.models.targets import GaussianTarget
 
     S, N, D, K = 3, 4, 5, 7
     target = GaussianTarget([3.0, -1.0, 0.5, 2.0], [0.5, 1.0, 2.0, 0.8], D, dtype=torch.float64)
@@ -137,8 +137,8 @@ def test_an_exploding_energy_error_ends_the_run_as_diverged(tmp_path):
     from the start far from the posterior) the run completes."""
     import json
 
-    from fedhmc.config import RunConfig
-    from fedhmc.engine import NonFiniteError, run
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import NonFiniteError, run
 
     kw = dict(dataset="gaussian-hetero", dtype="float64", local_steps=1, rounds=5)
     cfg = RunConfig(step_size=2.5, out=str(tmp_path / "a"), **kw)

@@ -8,7 +8,7 @@ import torch
 from scipy.stats import wasserstein_distance
 from sklearn.metrics import log_loss
 
-from fedhmc.metrics import (
+from fedhmc.analysis.metrics import (
     BMAPredictive,
     accuracy,
     brier,

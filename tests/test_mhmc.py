@@ -11,9 +11,9 @@ import math
 import pytest
 import torch
 
-from fedhmc.config import RunConfig
-from fedhmc.mhmc import mhmc, pooled_energy
-from fedhmc.problem import build_problem
+from fedhmc.algorithms.mhmc import mhmc, pooled_energy
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.problem import build_problem
 
 Z = 5.0
 MEAN = torch.tensor([1.0, -2.0, 0.5], dtype=torch.float64)
@@ -96,7 +96,7 @@ def test_bad_reference_settings():
 def test_run_summary_reports_rhat_and_ess_across_chains(tmp_path):
     import json
 
-    from fedhmc.cli import main
+    from fedhmc.cli.main import main
 
     args = ["run", "--rounds", "8", "--burn-in", "2", "--local-steps", "2", "--quiet"]
     assert main([*args, "--chains", "3", "--out", str(tmp_path / "a")]) == 0

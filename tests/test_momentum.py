@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
-from fedhmc import rng
-from fedhmc.momentum import draw_momentum
+from fedhmc.core import rng
+from fedhmc.core.momentum import draw_momentum
 
 N_DRAWS = 200_000  # coordinates are independent draws
 Z = 5.0

@@ -8,9 +8,9 @@ import math
 
 import pytest
 
-from fedhmc.cli import main
+from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
-from fedhmc.plots import KINDS, rounds_to
+from fedhmc.viz.plots import KINDS, rounds_to
 
 
 def _table(path, rows):
@@ -79,16 +79,16 @@ def test_default_output_beside_the_table_and_single_run(tmp_path, capsys):
 
 
 def test_plot_run_dir_without_kind_draws_every_metric_against_rounds(tmp_path, capsys):
-    from fedhmc.config import RunConfig
-    from fedhmc.engine import run
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run
 
     out = tmp_path / "run"
     run(RunConfig(rounds=3, local_steps=2, out=str(out)), progress=False)
     assert main(["plot", str(out)]) == 0
     png = out / "plot-metrics.png"
     assert png.read_bytes()[:4] == b"\x89PNG" and (out / "plot-metrics.pdf").stat().st_size > 0
-    from fedhmc.plots import plot_metrics
-    from fedhmc.sweep import read_table
+    from fedhmc.sweep.table import read_table
+    from fedhmc.viz.plots import plot_metrics
 
     fig_paths = plot_metrics(read_table(out), tmp_path / "m")
     assert fig_paths[0].exists()

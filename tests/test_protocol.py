@@ -21,13 +21,13 @@ import math
 import pytest
 import torch
 
-from fedhmc import rng
-from fedhmc.config import RunConfig
-from fedhmc.engine import is_collect_round, run, sampler_settings
-from fedhmc.models import LogisticRegression
-from fedhmc.problem import build_problem, initial_position
-from fedhmc.sampler import SamplerSettings, data_keys, run_round
-from fedhmc.targets import DataTarget, hetero_gaussian
+from fedhmc.algorithms.fahmc import SamplerSettings, data_keys, run_round
+from fedhmc.core import rng
+from fedhmc.models.nets import LogisticRegression
+from fedhmc.models.targets import DataTarget, hetero_gaussian
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.engine import is_collect_round, run, sampler_settings
+from fedhmc.runtime.problem import build_problem, initial_position
 
 Z = 5.0
 

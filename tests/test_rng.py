@@ -4,7 +4,7 @@ import math
 
 import torch
 
-from fedhmc import rng
+from fedhmc.core import rng
 
 
 def _ref_derive(key: int, *parts: int) -> int:

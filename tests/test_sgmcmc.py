@@ -1,4 +1,4 @@
-"""Stale-gradient SGHMC and SGLD (fedhmc.sgmcmc) against exact answers.
+"""Stale-gradient SGHMC and SGLD (fedhmc.algorithms.stale) against exact answers.
 
 On a Gaussian energy U(θ) = Σ_i (θ_i − m)² / (2v) with exact gradients, a stale chain is a
 linear recursion in (θ_l, …, θ_{l−τ}, q_l), so its exact stationary law per coordinate is
@@ -15,9 +15,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc import rng
-from fedhmc.errors import ConfigError
-from fedhmc.sgmcmc import (
+from fedhmc.algorithms.stale import (
     STREAM_STALE_NOISE,
     StaleSettings,
     advance,
@@ -25,6 +23,8 @@ from fedhmc.sgmcmc import (
     delays,
     init_state,
 )
+from fedhmc.core import rng
+from fedhmc.errors import ConfigError
 
 Z = 5.0
 M, V = 2.0, 0.5
@@ -172,7 +172,7 @@ def test_bad_settings_give_one_line(kwargs, needle):
 def test_fedhmc_run_sghmc_and_sgld_on_data_and_gaussians(tmp_path):
     import json
 
-    from fedhmc.cli import main
+    from fedhmc.cli.main import main
 
     for algo in ("sghmc", "sgld"):
         out = tmp_path / algo
@@ -201,7 +201,7 @@ def test_fedhmc_run_sghmc_and_sgld_on_data_and_gaussians(tmp_path):
     ],
 )
 def test_bad_stale_options_exit_with_one_line(args, needle, capsys, tmp_path):
-    from fedhmc.cli import main
+    from fedhmc.cli.main import main
 
     assert main(["run", *args, "--rounds", "1", "--quiet", "--out", str(tmp_path)]) == 2
     err = capsys.readouterr().err.strip().splitlines()
@@ -211,7 +211,7 @@ def test_bad_stale_options_exit_with_one_line(args, needle, capsys, tmp_path):
 def test_stale_experiments_quick(tmp_path):
     import json
 
-    from fedhmc.experiments import stale_gaussian, stale_variance
+    from fedhmc.experiments.stale import stale_gaussian, stale_variance
 
     rows = stale_gaussian(tmp_path / "g", quick=True)["rows"]
     mse = [r["mse"] for r in rows]

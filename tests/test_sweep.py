@@ -12,17 +12,9 @@ from pathlib import Path
 
 import pytest
 
-from fedhmc.cli import main
-from fedhmc.sweep import (
-    cell_id,
-    expand_grid,
-    format_summary,
-    load_sweep_file,
-    parse_grid,
-    read_table,
-    select_best,
-    summarize,
-)
+from fedhmc.cli.main import main
+from fedhmc.sweep.grid import cell_id, expand_grid, load_sweep_file, parse_grid
+from fedhmc.sweep.table import format_summary, read_table, select_best, summarize
 
 TINY = ["--rounds", "3", "--local-steps", "2", "--leapfrog-steps", "2"]
 GRID = "step-size=0.005,0.01 seed=0,1"

@@ -5,10 +5,16 @@ import math
 import pytest
 import torch
 
-from fedhmc import rng
-from fedhmc.models import MLP, LogisticRegression
-from fedhmc.sampler import SamplerSettings, client_seed, client_update, round_seed, run_round
-from fedhmc.targets import DataTarget, hetero_gaussian
+from fedhmc.algorithms.fahmc import (
+    SamplerSettings,
+    client_seed,
+    client_update,
+    round_seed,
+    run_round,
+)
+from fedhmc.core import rng
+from fedhmc.models.nets import MLP, LogisticRegression
+from fedhmc.models.targets import DataTarget, hetero_gaussian
 
 
 def make_parts(sizes, features=5, classes=3, seed=0, dtype=torch.float64):
@@ -139,8 +145,8 @@ def test_mlp_hand_written_backprop_equals_autograd(hidden):
 
 
 def test_prefetching_ahead_draws_the_same_minibatches(monkeypatch):
-    import fedhmc.targets as targets_mod
-    from fedhmc import rng as rng_mod
+    import fedhmc.models.targets as targets_mod
+    from fedhmc.core import rng as rng_mod
 
     parts = make_parts([30, 17, 25])
     model = LogisticRegression(5, 3)

@@ -6,7 +6,7 @@ import csv
 
 import pytest
 
-from fedhmc.cli import main
+from fedhmc.cli.main import main
 
 pytest.importorskip("tensorboard", reason="the optional extra fedhmc[tensorboard] is missing")
 from tensorboard.backend.event_processing.event_accumulator import (  # noqa: E402
@@ -40,7 +40,7 @@ def test_every_round_is_logged_and_a_resumed_run_has_no_duplicates(tmp_path):
 
 
 def test_a_sweep_logs_one_run_per_cell(tmp_path):
-    from fedhmc.sweep import run_sweep
+    from fedhmc.sweep.cells import run_sweep
 
     tb = tmp_path / "tb"
     base = {"rounds": 2, "local_steps": 1, "tensorboard": str(tb)}

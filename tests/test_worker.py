@@ -15,7 +15,7 @@ from fedhmc_clients.worker import WorkerError, call, prepare_socket_path, serve,
 from fedhmc_server.loop import round_config  # the server's round config
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
-from fedhmc.config import RunConfig
+from fedhmc.runtime.config import RunConfig
 
 pytestmark = pytest.mark.skipif(os.name != "posix", reason="Unix sockets")
 

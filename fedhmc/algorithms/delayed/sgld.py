@@ -1,0 +1,168 @@
+"""Delayed SGLD's settings and its update: one worker's noisy increment
+−γ ∇Ũ_p(X̂) + √(2σγ) G_p, with counter-based noise and minibatches, and the ``sync`` chain
+computed in one process (:func:`sequential_reference`).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+from fedhmc.algorithms.delayed.problem import Regression
+from fedhmc.core import rng
+from fedhmc.errors import ConfigError
+
+MODES = ("sync", "w-con", "w-icon")
+
+
+START_METHODS = ("spawn", "fork", "forkserver")
+
+
+STREAM_DELAYED_NOISE = 41
+
+
+STREAM_DELAYED_BATCH = 42
+
+
+@dataclass(frozen=True)
+class DelayedSettings:
+    """Settings of a shared-memory delayed SGLD run.
+
+    Attributes
+    ----------
+    mode
+        ``"sync"``, ``"w-con"`` or ``"w-icon"``.
+    workers
+        P ≥ 1 processes.
+    iterations
+        Iterations per worker: each worker computes this many gradients (``sync``: this
+        many barrier rounds), so P · iterations increments are applied in all.
+    step_size
+        γ > 0 (per increment; a ``sync`` iteration applies P of them at once).
+    batch_size
+        Minibatch size B per gradient (0 or ≥ n: the full data). Drawn with replacement.
+    chains
+        R ≥ 2 independent chains in X.
+    temperature
+        σ > 0: the target is exp(−U/σ).
+    record_every
+        A snapshot of X every ``record_every`` iterations per worker (P · record_every
+        increments).
+    seed
+        Run seed (noise and minibatches).
+    start_method
+        ``"spawn"`` (default), ``"fork"`` or ``"forkserver"``.
+    timeout
+        Seconds the whole run may take before every worker is stopped and an error raised;
+        also the bound of every barrier and lock wait inside the workers.
+    max_staleness_bin
+        Staleness histograms have bins 0 … this (the last bin collects larger values).
+    """
+
+    mode: str = "sync"
+    workers: int = 2
+    iterations: int = 1000
+    step_size: float = 1e-5
+    batch_size: int = 32
+    chains: int = 100
+    temperature: float = 1.0
+    record_every: int = 10
+    seed: int = 0
+    start_method: str = "spawn"
+    timeout: float = 600.0
+    max_staleness_bin: int = 64
+    # test hooks: (worker, iteration) at which a worker raises / hangs
+    fail_at: tuple[int, int] | None = field(default=None, repr=False)
+    hang_at: tuple[int, int] | None = field(default=None, repr=False)
+
+    def validate(self) -> DelayedSettings:
+        if self.mode not in MODES:
+            raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
+        for name in ("workers", "iterations", "record_every"):
+            v = getattr(self, name)
+            if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+                raise ConfigError(f"{name.replace('_', '-')} must be an integer ≥ 1, got {v!r}")
+        if self.workers > 256:
+            raise ConfigError(f"workers = {self.workers} is too many processes; use ≤ 256")
+        if not isinstance(self.chains, int) or self.chains < 2:
+            raise ConfigError(f"chains must be an integer ≥ 2 (W₂ needs two), got {self.chains!r}")
+        if not isinstance(self.batch_size, int) or self.batch_size < 0:
+            raise ConfigError(
+                f"batch-size must be an integer ≥ 0 (0 = full data), got {self.batch_size!r}"
+            )
+        for name in ("step_size", "temperature", "timeout"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and v > 0):
+                raise ConfigError(
+                    f"{name.replace('_', '-')} must be positive and finite, not {v!r}"
+                )
+        if self.start_method not in START_METHODS:
+            raise ConfigError(
+                f"unknown start method {self.start_method!r}; "
+                f"choose one of {', '.join(START_METHODS)}"
+            )
+        if self.iterations >= rng.MAX_HI:
+            raise ConfigError(f"iterations must be below {rng.MAX_HI}, got {self.iterations}")
+        return self
+
+
+def _keys(seed: int, stream: int, worker: int, chains: int) -> torch.Tensor:
+    return rng.derive(int(seed), stream, worker, torch.arange(chains, dtype=torch.int64))
+
+
+def gradient(
+    problem: Regression, x: torch.Tensor, batch_keys: torch.Tensor, j: int, batch: int
+) -> torch.Tensor:
+    """Minibatch gradient of U at x (R, d), chain r's batch drawn from ``batch_keys[r]``, j.
+
+    (n/B) Σ_{i∈S} −φ_i (y_i − φ_iᵀx)/s² + x/σ₀², with S drawn with replacement; B = 0 or
+    B ≥ n uses the full data.
+    """
+    phi, y, n = problem.features, problem.targets, problem.n
+    if batch == 0 or batch >= n:
+        resid = y.unsqueeze(0) - x @ phi.T  # (R, n)
+        g = -(resid @ phi) / problem.noise_var
+    else:
+        u = rng.uniform(batch_keys, j, batch)  # (R, B)
+        idx = torch.clamp((u * n).to(torch.int64), max=n - 1)
+        pb = phi[idx]  # (R, B, d)
+        resid = y[idx] - torch.einsum("rbd,rd->rb", pb, x)
+        g = -(n / batch) * torch.einsum("rbd,rb->rd", pb, resid) / problem.noise_var
+    return g + x / problem.prior_std**2
+
+
+def increment(
+    problem: Regression,
+    s: DelayedSettings,
+    x: torch.Tensor,
+    noise_keys: torch.Tensor,
+    batch_keys: torch.Tensor,
+    j: int,
+) -> torch.Tensor:
+    """Worker's j-th SGLD increment at the read position x: −γ ∇Ũ(x) + √(2σγ) G_j."""
+    g = gradient(problem, x, batch_keys, j, s.batch_size)
+    noise = rng.normal(noise_keys, j, problem.dim, dtype=torch.float64)
+    return -s.step_size * g + math.sqrt(2.0 * s.temperature * s.step_size) * noise
+
+
+def sequential_reference(
+    problem: Regression, settings: DelayedSettings, x0: torch.Tensor | None = None
+) -> torch.Tensor:
+    """The ``sync`` chain computed in this process, as a plain loop: snapshots (C + 1, R, d).
+
+    Iteration k: X ← X + Σ_{p=0}^{P−1} (−γ ∇Ũ_p(X) + √(2σγ) G_{p,k}), with worker p's keys.
+    """
+    s = settings.validate()
+    R, d = s.chains, problem.dim
+    x = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
+    nk = [_keys(s.seed, STREAM_DELAYED_NOISE, p, R) for p in range(s.workers)]
+    bk = [_keys(s.seed, STREAM_DELAYED_BATCH, p, R) for p in range(s.workers)]
+    snaps = [x.clone()]
+    for k in range(s.iterations):
+        deltas = torch.stack([increment(problem, s, x, nk[p], bk[p], k) for p in range(s.workers)])
+        x.add_(deltas.sum(0))
+        if (k + 1) % s.record_every == 0:
+            snaps.append(x.clone())
+    return torch.stack(snaps)

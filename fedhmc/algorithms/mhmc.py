@@ -1,0 +1,157 @@
+"""Metropolis-adjusted HMC on the pooled data: the reference sampler (docs/algorithms.md).
+
+The reference runs S chains at once with full-batch gradients of the pooled energy
+f = Σ_c w_c f^(c) (the full-data negative log posterior), K leapfrog steps per proposal and
+a Metropolis accept/reject, so its stationary law is the posterior exactly. Each chain
+adapts its own step size during warm-up by dual averaging (Hoffman & Gelman 2014, §3.2) to
+a target acceptance rate (0.8 by default), then freezes it; during sampling the step size is
+jittered uniformly by ±10 % per proposal so that no trajectory length resonates with the
+target. Randomness is counter-based (:mod:`fedhmc.core.rng`), keyed by (seed, chain, iteration).
+
+The diagnostics across chains (rank-normalised split R̂ and bulk ESS) live in
+:mod:`fedhmc.analysis.diagnostics` and are re-exported here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+import torch
+
+from fedhmc.analysis.diagnostics import ess, split_rhat, summarize
+from fedhmc.core import rng
+from fedhmc.errors import ConfigError
+
+__all__ = ["EnergyGrad", "ess", "mhmc", "pooled_energy", "split_rhat", "summarize"]
+
+EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
+"""``energy_grad(theta (S, D)) -> (U (S,), ∇U (S, D))``."""
+
+_STREAM_MOMENTUM, _STREAM_ACCEPT, _STREAM_JITTER = 41, 42, 43
+
+
+def pooled_energy(target) -> EnergyGrad:
+    """The pooled energy f = Σ_c w_c f^(c) of a fedhmc target, full batch, as an
+    :data:`EnergyGrad` (for a :class:`~fedhmc.models.targets.DataTarget` this is the sum of the
+    NLL over all training points plus the prior's −log density)."""
+    full = target.with_batch_size(0)
+    w = full.weights.to(full.dtype)
+
+    def energy_grad(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        S, D = theta.shape
+        N = full.num_clients
+        keys = torch.zeros(S, N, dtype=torch.int64, device=theta.device)
+        g, e = full.grad(theta.unsqueeze(1).expand(S, N, D).clone(), keys, 0, True)
+        return (e * w).sum(1), (g * w.view(1, -1, 1)).sum(1)
+
+    return energy_grad
+
+
+def mhmc(
+    energy_grad: EnergyGrad,
+    theta0: torch.Tensor,
+    num_samples: int,
+    *,
+    num_warmup: int = 500,
+    leapfrog_steps: int = 20,
+    step_size: float = 0.05,
+    target_accept: float = 0.8,
+    seed: int = 0,
+    thin: int = 1,
+) -> tuple[torch.Tensor, dict]:
+    """Metropolis-adjusted HMC with per-chain dual-averaging step sizes.
+
+    Parameters
+    ----------
+    energy_grad
+        U and ∇U at positions (S, D).
+    theta0
+        Start positions (S, D); S chains.
+    num_samples, num_warmup, thin
+        Kept draws after warm-up (every ``thin``-th proposal), and warm-up proposals.
+    leapfrog_steps, step_size
+        K per proposal, and the initial step size of the adaptation.
+    target_accept
+        Mean acceptance probability the warm-up adapts to.
+
+    Returns
+    -------
+    (samples, info)
+        Samples (num_samples, S, D) and a dict with ``step_size`` (S,), ``accept_rate``
+        (mean acceptance probability during sampling), ``accept_rate_per_chain`` and
+        ``divergences`` (proposals whose energy error exceeded 1000).
+    """
+    if num_samples < 1 or num_warmup < 0 or leapfrog_steps < 1 or thin < 1:
+        raise ConfigError("mhmc needs num_samples ≥ 1, num_warmup ≥ 0, K ≥ 1 and thin ≥ 1")
+    if not 0.0 < target_accept < 1.0 or not step_size > 0:
+        raise ConfigError("mhmc needs 0 < target_accept < 1 and step_size > 0")
+    theta = theta0.clone()
+    S, D = theta.shape
+    dtype, device = theta.dtype, theta.device
+    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=device))
+    k_mom, k_acc = rng.derive(keys, _STREAM_MOMENTUM), rng.derive(keys, _STREAM_ACCEPT)
+    k_jit = rng.derive(keys, _STREAM_JITTER)
+    U, g = energy_grad(theta)
+    # Dual averaging state (Hoffman & Gelman 2014, Algorithm 5: γ = 0.05, t0 = 10, κ = 0.75).
+    log_eps = torch.full((S,), math.log(step_size), dtype=torch.float64, device=device)
+    mu = log_eps + math.log(10.0)
+    h_bar = torch.zeros(S, dtype=torch.float64, device=device)
+    log_eps_bar = torch.zeros(S, dtype=torch.float64, device=device)
+    samples = torch.empty(num_samples, S, D, dtype=dtype, device=device)
+    acc_sum = torch.zeros(S, dtype=torch.float64, device=device)
+    divergences, kept = 0, 0
+    total = num_warmup + num_samples * thin
+    for it in range(total):
+        warm = it < num_warmup
+        if warm:
+            eps = log_eps.exp()
+        else:
+            jitter = 0.9 + 0.2 * rng.uniform(k_jit, it, 1)[:, 0]
+            eps = log_eps_bar.exp() * jitter
+        e = eps.to(dtype).view(S, 1)
+        p = rng.normal(k_mom, it, D, dtype)
+        H0 = U + 0.5 * p.square().sum(-1)
+        th, gg = theta, g
+        pp = p - 0.5 * e * gg
+        for k in range(leapfrog_steps):
+            th = th + e * pp
+            U1, gg = energy_grad(th)
+            if k < leapfrog_steps - 1:
+                pp = pp - e * gg
+        pp = pp - 0.5 * e * gg
+        H1 = U1 + 0.5 * pp.square().sum(-1)
+        dH = (H1 - H0).to(torch.float64)
+        dH = torch.where(torch.isfinite(dH), dH, torch.full_like(dH, math.inf))
+        divergences += int((dH > 1000).sum()) if not warm else 0
+        accept_prob = torch.exp(torch.clamp(-dH, max=0.0))
+        u = rng.uniform(k_acc, it, 1)[:, 0]
+        accept = u < accept_prob
+        theta = torch.where(accept.view(S, 1), th, theta)
+        U = torch.where(accept, U1, U)
+        g = torch.where(accept.view(S, 1), gg, g)
+        if warm:
+            m = it + 1
+            eta = 1.0 / (m + 10.0)
+            h_bar = (1 - eta) * h_bar + eta * (target_accept - accept_prob)
+            log_eps = mu - math.sqrt(m) / 0.05 * h_bar
+            w = m ** (-0.75)
+            log_eps_bar = w * log_eps + (1 - w) * log_eps_bar
+        else:
+            acc_sum += accept_prob
+            j = it - num_warmup
+            if (j + 1) % thin == 0:
+                samples[kept] = theta
+                kept += 1
+    if num_warmup == 0:
+        log_eps_bar = log_eps
+    n_prop = num_samples * thin
+    info = {
+        "step_size": log_eps_bar.exp(),
+        "accept_rate": float(acc_sum.mean() / n_prop),
+        "accept_rate_per_chain": acc_sum / n_prop,
+        "divergences": divergences,
+        "leapfrog_steps": leapfrog_steps,
+        "target_accept": target_accept,
+    }
+    return samples, info

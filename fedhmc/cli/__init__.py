@@ -1,0 +1,5 @@
+"""The ``fedhmc`` command line, one module per subcommand; :func:`main` is the entry point."""
+
+from fedhmc.cli.main import main
+
+__all__ = ["main"]

@@ -1,0 +1,86 @@
+"""``fedhmc experiment NAME``: run a preset of the papers' experiments."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import time
+from pathlib import Path
+
+from fedhmc.errors import ConfigError
+from fedhmc.experiments import EXPERIMENTS
+
+
+def add_experiment_command(sub) -> None:
+    p = sub.add_parser(
+        "experiment",
+        help="run one of the papers' experiments (tables and plots)",
+        description="Run one of the papers' experiments; it writes a CSV table, a JSON "
+        "summary and a PNG plot to --out.",
+    )
+    p.add_argument("name", nargs="?", choices=list(EXPERIMENTS), metavar="NAME")
+    p.add_argument("--out", help="output directory (default runs/<time>-<name>)")
+    p.add_argument("--quick", action="store_true", help="a small version, in seconds")
+    p.add_argument(
+        "--full",
+        action="store_true",
+        help="the paper's own budget (hours on 2 CPU cores for the data experiments)",
+    )
+    p.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
+    p.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="paper-* experiments: cells run in this many processes at once (default: 1)",
+    )
+    p.add_argument("--list", action="store_true", help="list the experiments")
+    p.add_argument(
+        "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
+    )
+    p.set_defaults(func=cmd_experiment)
+
+
+def cmd_experiment(args: argparse.Namespace) -> int:
+    if args.list or args.name is None:
+        width = max(len(k) for k in EXPERIMENTS)
+        for name, (_, text) in EXPERIMENTS.items():
+            print(f"{name:<{width}}  {text}")
+        return 0 if args.list else 2
+    out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.name}")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"--out {out} is not writable ({e.strerror}); choose another") from None
+    if args.data_dir:
+        import os
+
+        os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
+    fn, _ = EXPERIMENTS[args.name]
+    kwargs = {"quick": args.quick, "seed": args.seed}
+    if args.workers != 1:
+        if "workers" not in inspect.signature(fn).parameters:
+            raise ConfigError(f"{args.name} runs in one process; drop --workers")
+        if args.workers < 1:
+            raise ConfigError(f"--workers must be ≥ 1, got {args.workers}")
+        kwargs["workers"] = args.workers
+    if args.full:
+        if args.quick:
+            raise ConfigError("--quick and --full exclude each other; pick one")
+        if "full" not in inspect.signature(fn).parameters:
+            raise ConfigError(f"{args.name} has no --full budget; drop --full")
+        kwargs["full"] = True
+    summary = fn(out, **kwargs)
+    rows = summary.get("rows", [])
+    if rows:
+        keys = list(dict.fromkeys(k for r in rows for k in r))
+        print("  ".join(f"{k:>12}" for k in keys))
+        for r in rows:
+            print("  ".join(f"{_fmt(r.get(k, '')):>12}" for k in keys))
+    print(f"files in {out}")
+    return 0
+
+
+def _fmt(v) -> str:
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v)

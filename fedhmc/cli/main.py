@@ -1,0 +1,85 @@
+"""The ``fedhmc`` command line: the parser of every subcommand and the entry point.
+
+Errors a user can cause print one line and exit with status 2; there is no traceback.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from fedhmc.cli.options import _Parser, add_config_options
+from fedhmc.cli.run import cmd_run
+from fedhmc.errors import FedHMCError, RunInterrupted
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="fedhmc",
+        description="Federated Averaging Hamiltonian Monte Carlo (FA-HMC) on one machine "
+        "or on Flower.",
+    )
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    p_run = sub.add_parser(
+        "run",
+        help="run FA-HMC (or FA-LD) and write config.json, metrics.csv, summary.json",
+        description="Run FA-HMC and write config.json, metrics.csv and summary.json to --out.",
+    )
+    add_config_options(p_run)
+    p_run.add_argument(
+        "--resume",
+        dest="resume_dir",
+        metavar="DIR",
+        help="continue the stopped (or finished) run in DIR from its checkpoint, to its "
+        "--rounds or to a larger --rounds given here; the result equals an uninterrupted run",
+    )
+    p_run.add_argument("--quiet", action="store_true", help="no progress bar or final table")
+    p_run.set_defaults(func=cmd_run)
+    _add_data_command(sub)
+    from fedhmc.cli.experiment import add_experiment_command
+
+    add_experiment_command(sub)
+    from fedhmc.cli.sweep import add_sweep_command
+
+    add_sweep_command(sub)
+    from fedhmc.cli.plot import add_plot_command
+
+    add_plot_command(sub)
+    from fedhmc.cli.export import add_export_command
+
+    add_export_command(sub)
+    return parser
+
+
+def _add_data_command(sub) -> None:
+    try:
+        from fedhmc.cli.data import add_data_command
+    except ImportError:  # pragma: no cover - the data command ships with the datasets
+        return
+    add_data_command(sub)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    if not getattr(args, "func", None):
+        parser.print_help()
+        return 2
+    try:
+        return args.func(args)
+    except RunInterrupted as e:
+        print(f"fedhmc {args.command}: {e}", file=sys.stderr)
+        return e.exit_code
+    except FedHMCError as e:
+        print(f"fedhmc {args.command}: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print(
+            f"fedhmc {args.command}: interrupted; the files written so far are valid",
+            file=sys.stderr,
+        )
+        return 130
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

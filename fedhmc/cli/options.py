@@ -1,0 +1,112 @@
+"""The run options shared by ``fedhmc run``, ``sweep`` and ``experiment``: one option per
+:class:`~fedhmc.runtime.config.RunConfig` field, in kebab-case (the same keys as Flower's
+run config).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import math
+import typing
+
+from fedhmc.errors import ConfigError
+from fedhmc.runtime.config import RunConfig
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> typing.NoReturn:  # one line, no usage block
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
+def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = None) -> None:
+    """One option per RunConfig field (or per field in ``only``); unset options stay absent,
+    so the dataset defaults apply."""
+    hints = typing.get_type_hints(RunConfig)
+    groups = {
+        "dataset": parser.add_argument_group("data and model"),
+        "algorithm": parser.add_argument_group("sampler"),
+        "rounds": parser.add_argument_group("run"),
+        "round_timeout": parser.add_argument_group("flower backend"),
+        "out": parser.add_argument_group("output"),
+    }
+    group = parser
+    for f in dataclasses.fields(RunConfig):
+        if only is not None and f.name not in only:
+            continue
+        if only is None and f.name == "resume":
+            continue  # `fedhmc run --resume DIR` takes the run directory (cmd_run)
+        group = groups.get(f.name, group) if only is None else parser
+        flag = "--" + f.name.replace("_", "-")
+        help_ = f.metadata["help"]
+        default = f.default
+        if hints[f.name] is bool:
+            group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_)
+            continue
+        if hints[f.name] == (bool | None):  # unset: the protocol decides; --no-X turns it off
+            group.add_argument(
+                flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS, help=help_
+            )
+            continue
+        if default is not None:
+            help_ += f" (default: {default})"
+        choices = f.metadata.get("choices")
+        group.add_argument(
+            flag,
+            default=argparse.SUPPRESS,
+            choices=choices,
+            metavar=f.name.upper() if choices is None else None,
+            help=help_,
+        )
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    names = {f.name for f in dataclasses.fields(RunConfig)}
+    return RunConfig.from_mapping({k: v for k, v in vars(args).items() if k in names})
+
+
+def _format_value(v) -> str:
+    if isinstance(v, float):
+        return "nan" if math.isnan(v) else f"{v:.4f}" if abs(v) < 1e4 else f"{v:.1f}"
+    return str(v)
+
+
+def print_final_table(result) -> None:
+    final = result.final
+    s = result.summary
+    rows = [(k, _format_value(v)) for k, v in final.items() if k not in ("round",)]
+    rows += [
+        ("rounds", str(s.get("rounds_completed"))),
+        ("grad evals/s", f"{s.get('grad_evals_per_s', 0):,.0f}"),
+        ("bytes total", f"{s.get('bytes_total', 0):,}"),
+        ("output", str(result.config.out)),
+    ]
+    diag = s.get("diagnostics")
+    if diag:
+        rows.insert(-1, ("R-hat max", f"{diag['rhat_max']:.3f} (split, across chains)"))
+        rows.insert(-1, ("ESS min", f"{diag['ess_min']:.1f} (median {diag['ess_median']:.1f})"))
+    width = max(len(k) for k, _ in rows)
+    print(
+        f"fedhmc run: {result.config.dataset}, {result.config.algorithm}, "
+        f"K={result.config.leapfrog_steps} T={result.config.local_steps} "
+        f"η={result.config.step_size:g} ρ={result.config.rho:g}"
+    )
+    for k, v in rows:
+        print(f"  {k:<{width}}  {v}")
+
+
+def resume_config(run_dir: str, given: dict) -> RunConfig:
+    """The config of the run in ``run_dir`` with the options given now (only ``--rounds``
+    may differ from the checkpoint's; the check names any other difference)."""
+    import json
+    from pathlib import Path
+
+    path = Path(run_dir) / "config.json"
+    try:
+        saved = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(
+            f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
+        ) from None
+    merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
+    return RunConfig.from_mapping(merged)

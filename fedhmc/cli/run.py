@@ -1,0 +1,32 @@
+"""``fedhmc run``: one run, on the engine or on Flower's simulation."""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+
+from fedhmc.cli.options import config_from_args, print_final_table, resume_config
+from fedhmc.errors import ConfigError
+from fedhmc.runtime.config import RunConfig
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    if getattr(args, "resume_dir", None):
+        names = {f.name for f in dataclasses.fields(RunConfig)}
+        given = {k: v for k, v in vars(args).items() if k in names}
+        if "out" in given:
+            raise ConfigError("--resume DIR continues the run in DIR; drop --out")
+        cfg = resume_config(args.resume_dir, given)
+    else:
+        cfg = config_from_args(args)
+    if cfg.backend == "flower":
+        from fedhmc_server.simulation import run_flower  # lazy: the core never imports flwr
+
+        result = run_flower(cfg, progress=not args.quiet)
+    else:
+        from fedhmc.runtime.engine import run
+
+        result = run(cfg, progress=not args.quiet)
+    if not args.quiet:
+        print_final_table(result)
+    return 0

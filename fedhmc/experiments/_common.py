@@ -1,0 +1,146 @@
+"""What the experiment presets share: writing tables, figures, running cells of a data
+experiment and the paper's reference numbers.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+from pathlib import Path
+
+
+def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
+    from fedhmc.runtime.output import write_csv_atomic, write_text_atomic
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    write_csv_atomic(out_dir / f"{name}.csv", rows)
+    write_text_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2) + "\n")
+
+
+def _figure(width: float = 6.0, height: float = 4.0):
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(width, height))
+    FigureCanvasAgg(fig)
+    return fig
+
+
+PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
+"""The paper's Fashion-MNIST logistic-regression results after 200 rounds (best settings)."""
+
+
+BUDGETS = ("quick", "reduced", "full")
+
+
+def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = True) -> list[dict]:
+    """Run each cell (``base`` updated by the cell) on the engine into ``out_dir/cells/``.
+
+    A cell whose ``summary.json`` says completed is read back instead of rerun, so an
+    interrupted experiment resumes where it stopped. Returns the tidy rows: one per
+    (cell, round), with the cell's settings and the round's metrics.
+    """
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run
+
+    rows: list[dict] = []
+    bar = None
+    if progress:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=None, leave=False)
+    for cell in cells:
+        name = "_".join(f"{k}={v}" for k, v in cell.items())
+        cell_dir = out_dir / "cells" / name
+        cfg = RunConfig.from_mapping({**base, **cell, "out": str(cell_dir)})
+        summary_path = cell_dir / "summary.json"
+        done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == (
+            "completed"
+        )
+        from fedhmc.sweep.cells import same_run_settings
+
+        if done and same_run_settings(
+            json.loads((cell_dir / "config.json").read_text()),
+            json.loads(json.dumps(cfg.resolve().to_dict(), default=str)),
+        ):
+            with open(cell_dir / "metrics.csv") as f:
+                history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        else:
+            from fedhmc.runtime.engine import prepare, resume_or_replace
+
+            history = run(resume_or_replace(prepare(cfg)), progress=False).history
+        rows += [{**cell, **h} for h in history]
+        if bar is not None:
+            bar.update(1)
+    if bar is not None:
+        bar.close()
+    return rows
+
+
+def _num(v: str):
+    try:
+        f = float(v)
+    except ValueError:
+        return v
+    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
+
+
+def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: dict | None):
+    metrics = [m for m in ("accuracy", "brier", "ece", "nll_sum") if m in rows[0]]
+    fig = _figure(3.2 * len(metrics), 3.2)
+    axes = fig.subplots(1, len(metrics))
+    values = sorted({r[hue] for r in rows})
+    for ax, m in zip(axes, metrics, strict=True):
+        for v in values:
+            sel = [r for r in rows if r[hue] == v]
+            ax.plot([r["round"] for r in sel], [r[m] for r in sel], label=f"{hue} = {v}")
+        if paper and m in paper:
+            ax.axhline(paper[m], color="k", ls="--", lw=0.8, label="paper, 200 rounds")
+        ax.set_xlabel("communication round")
+        ax.set_title(m, fontsize=10)
+        if m == "nll_sum":
+            ax.set_yscale("log")
+    axes[0].legend(fontsize=7)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path.with_suffix(".png"), dpi=120)
+    fig.savefig(path.with_suffix(".pdf"))
+
+
+def _data_experiment(
+    name: str,
+    out_dir: Path,
+    base: dict,
+    hue: str,
+    values: list,
+    budget: str,
+    paper: dict | None,
+    title: str,
+    note: str,
+) -> dict:
+    cells = [{hue: v} for v in values]
+    rows = run_cells(out_dir, base, cells)
+    file = name.replace("-", "_")
+    _write(out_dir, file, rows, {})
+    last = max(r["round"] for r in rows)
+    final = [r for r in rows if r["round"] == last]
+    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
+    table = [{k: r[k] for k in keep if k in r} for r in final]
+    summary = {
+        "experiment": name,
+        "protocol": ALGORITHM3,
+        "budget": budget,
+        "base": base,
+        "note": note,
+        "paper_200_rounds": paper,
+        "rows": table,
+    }
+    from fedhmc.runtime.output import write_text_atomic
+
+    write_text_atomic(out_dir / f"{file}.json", json.dumps(summary, indent=2) + "\n")
+    _metric_panels(rows, hue, title, out_dir / file, paper)
+    return summary
+
+
+ALGORITHM3 = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorithm3)"
+"""What the FA-HMC experiments that are not ``paper-*`` run; their summaries say so."""

@@ -1,0 +1,591 @@
+"""The one definition of every run setting.
+
+:class:`RunConfig` is a frozen dataclass. Each field's metadata carries its help text; the
+command line (``fedhmc run --local-steps 50``) and Flower's run config
+(``flwr run . --run-config "local-steps=50"``) both use the field name in kebab-case, and
+both are parsed by :meth:`RunConfig.from_mapping`, so a setting is defined once.
+
+Fields left at ``None`` take the dataset's default in :meth:`RunConfig.resolve` (see
+:mod:`fedhmc.runtime.presets`); ``config.json`` always holds the resolved values.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import typing
+from dataclasses import dataclass, field, fields
+
+from fedhmc.errors import ConfigError
+
+ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld", "async-sghmc", "async-sgld")
+STALE_ALGORITHMS = ("sghmc", "sgld")
+ASYNC_ALGORITHMS = ("async-sghmc", "async-sgld")
+STALENESS_DISTS = ("fixed", "uniform")
+MODELS = ("logistic", "mlp")
+BACKENDS = ("engine", "flower")
+ON_FAILURE = ("renormalize", "stop")
+DTYPES = ("float32", "float64")
+SCALINGS = ("standardize", "unit", "symmetric", "none")
+PROTOCOLS = ("algorithm3", "authors")
+SYNC_UNITS = ("iteration", "leapfrog")
+MINIBATCH_LAWS = ("uniform", "reshuffle")
+INITS = ("auto", "zeros", "normal", "torch-linear")
+IMAGE_DATASETS = ("digits", "fashion-mnist", "mnist", "kmnist", "cifar2")
+
+# What `--protocol` sets for the options left unset (explicit options win). "algorithm3" is
+# the paper's Algorithm 3 as printed; "authors" is what the authors' experiment code runs
+# (docs/algorithms.md, "The authors' protocol"). Keys are field names.
+_PROTOCOL_COMMON = {"sync_unit": "leapfrog", "fresh_gradients": True, "burn_in": 0}
+_AUTHORS_IMAGES = {
+    **_PROTOCOL_COMMON,
+    "minibatch": "reshuffle",
+    "prior_std": math.inf,
+    "temperature": 0.005,
+    "scaling": "symmetric",
+    "init": "torch-linear",
+    "ece_bins": 20,
+}
+_AUTHORS_BLR = {**_PROTOCOL_COMMON, "restart_trajectories": True}
+_GENERIC_DEFAULTS = {
+    "sync_unit": "iteration",
+    "fresh_gradients": False,
+    "restart_trajectories": False,
+    "minibatch": "uniform",
+    "init": "auto",
+    "ece_bins": 15,
+    "temperature": 1.0,
+}
+
+
+def protocol_settings(protocol: str, dataset: str) -> dict:
+    """The options ``--protocol`` sets on ``dataset`` (field names → values).
+
+    The authors' code runs the heterogeneous-Gaussian study as Algorithm 3, so there
+    ``authors`` sets nothing.
+    """
+    if protocol == "algorithm3" or dataset == "gaussian-hetero":
+        return {}
+    if dataset == "blr-synthetic":
+        return dict(_AUTHORS_BLR)
+    return dict(_AUTHORS_IMAGES)
+
+
+def _f(default, help: str, **meta):
+    return field(default=default, metadata={"help": help, **meta})
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    """Every setting of a run. Field ``local_steps`` is option ``--local-steps``."""
+
+    # Data and model
+    dataset: str = _f("digits", "dataset or synthetic target (see `fedhmc data --list`)")
+    model: str = _f("logistic", "likelihood model", choices=MODELS)
+    hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
+    num_clients: int = _f(10, "number of clients N")
+    partition: str = _f("dirichlet", "how the training data is split over clients")
+    dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
+    classes_per_client: int = _f(2, "classes per client for --partition shards")
+    dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
+    data_dir: str | None = _f(None, "directory holding the dataset files")
+    download: bool = _f(False, "let torchvision download a dataset where a network exists")
+    scaling: str | None = _f(
+        None,
+        "feature scaling: standardize, unit ([0, 1] pixels), symmetric ([-1, 1] pixels: "
+        "(x/255 − 0.5)/0.5) or none (default: none for blr-synthetic, else standardize)",
+        choices=SCALINGS,
+    )
+    init: str | None = _f(
+        None,
+        "initial position: auto (zeros; He-scaled normal weights for an MLP), zeros, normal "
+        "(N(0, I)), or torch-linear (PyTorch's default nn.Linear initialisation)",
+        choices=INITS,
+    )
+    # Sampler
+    algorithm: str = _f(
+        "fahmc",
+        "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate); "
+        "sghmc or sgld (stale-gradient SG-MCMC on the pooled data); async-sghmc or async-sgld "
+        "(asynchronous distributed SG-MCMC on Flower: --chains servers, --num-clients workers)",
+        choices=ALGORITHMS,
+    )
+    protocol: str | None = _f(
+        None,
+        "algorithm3 (the paper's Algorithm 3, default) or authors (what the authors' "
+        "experiment code runs: sync every T leapfrog steps with momenta averaged, two fresh "
+        "gradients per step, and for image data a flat prior at temperature 0.005, pixels "
+        "in [-1, 1], nn.Linear initialisation, random reshuffling, 20-bin ECE, no burn-in); "
+        "explicit options override it",
+        choices=PROTOCOLS,
+    )
+    local_steps: int = _f(
+        10,
+        "T: local iterations per communication round (leapfrog steps with --sync-unit leapfrog)",
+    )
+    sync_unit: str | None = _f(
+        None,
+        "what T counts: iteration (T whole trajectories, then positions averaged: "
+        "Algorithm 3) or leapfrog (T leapfrog steps on a global counter, then positions and "
+        "momenta averaged, mid-trajectory too)",
+        choices=SYNC_UNITS,
+    )
+    fresh_gradients: bool | None = _f(
+        None,
+        "two fresh minibatch gradients per leapfrog step (2K per trajectory) instead of "
+        "reusing the end-of-step gradient (K + 1)",
+    )
+    restart_trajectories: bool | None = _f(
+        None,
+        "--sync-unit leapfrog: an outer iteration is T trajectories (K rounds), each "
+        "restarting from the position broadcast at its start, which becomes the average at "
+        "its end (the authors' simulated-BLR code)",
+    )
+    leapfrog_steps: int | None = _f(
+        None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
+    )
+    step_size: float | None = _f(None, "η: leapfrog step size (default per dataset)")
+    rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
+    batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
+    minibatch: str | None = _f(
+        None,
+        "uniform (each evaluation draws its batch independently) or reshuffle (each client's "
+        "data permuted once per pass and cut into batches)",
+        choices=MINIBATCH_LAWS,
+    )
+    anchor_batch_size: int = _f(
+        0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
+    )
+    staleness: int = _f(0, "sghmc/sgld: gradient staleness τ (steps)")
+    staleness_dist: str = _f(
+        "fixed", "sghmc/sgld: τ_l = τ (fixed) or uniform on {0, …, τ}", choices=STALENESS_DISTS
+    )
+    friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
+    max_staleness: int = _f(
+        10, "async-sghmc/sgld: drop a gradient staler than this many server updates"
+    )
+    max_worker_failures: int = _f(
+        3, "async-sghmc/sgld: retire a worker after this many failed replies in a row"
+    )
+    grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
+    prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
+    temperature: float | None = _f(
+        None, "posterior temperature τ: the target is exp(−f/τ) (default 1)"
+    )
+    # Run
+    rounds: int = _f(200, "communication rounds")
+    burn_in: int | None = _f(None, "rounds before samples are collected (default rounds/10)")
+    thin: int = _f(1, "collect a sample every this many rounds")
+    chains: int | None = _f(None, "independent chains run side by side (default per dataset)")
+    seed: int = _f(0, "run seed: the same seed gives the same run, bit for bit")
+    dtype: str = _f("float32", "floating-point type of the positions", choices=DTYPES)
+    device: str = _f("cpu", "torch device (cpu, cuda, cuda:1, …)")
+    backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
+    # Flower
+    round_timeout: float = _f(600.0, "Flower: seconds to wait for the clients' replies in a round")
+    straggler_factor: float = _f(
+        3.0,
+        "Flower: close a round with the replies it has once it has lasted this many times the "
+        "median of the earlier complete rounds (at least --straggler-floor s); 0: off",
+    )
+    straggler_floor: float = _f(
+        30.0, "Flower: the straggler deadline is never shorter than this many seconds"
+    )
+    min_clients: int | None = _f(
+        None, "Flower: clients that must be connected to start (default all)"
+    )
+    node_wait_timeout: float = _f(
+        120.0,
+        "Flower: seconds to wait for --min-clients to connect and answer their first message",
+    )
+    on_failure: str = _f(
+        "renormalize",
+        "Flower: when clients fail, average over those that replied, or stop the run",
+        choices=ON_FAILURE,
+    )
+    max_failed_rounds: int = _f(3, "Flower: stop after this many rounds with no valid reply")
+    # Output
+    out: str | None = _f(None, "output directory (default runs/<time>-<dataset>)")
+    save_samples: bool = _f(False, "also write samples.npy (num_samples, chains, d)")
+    checkpoint_every: int | None = _f(
+        None,
+        "write a checkpoint every this many rounds (default: at most once a minute; 0: only "
+        "at the end and when stopped)",
+    )
+    resume: bool = _f(False, "continue the run in --out from its checkpoint")
+    overwrite: bool = _f(False, "replace the run that --out holds")
+    ece_bins: int | None = _f(None, "equal-width confidence bins of the ECE (default 15)")
+    tensorboard: str | None = _f(
+        None,
+        "also log every round's metrics and the step size for `tensorboard --logdir DIR` "
+        "(a sweep logs each cell to DIR/<cell>); needs fedhmc[tensorboard]",
+    )
+
+    # ----------------------------------------------------------------- mapping
+    @staticmethod
+    def keys() -> list[str]:
+        """The kebab-case keys: option names without ``--`` and Flower run-config keys."""
+        return [f.name.replace("_", "-") for f in fields(RunConfig)]
+
+    @classmethod
+    def from_mapping(cls, mapping: dict[str, typing.Any]) -> RunConfig:
+        """Build a config from kebab- or snake-case keys (CLI options, Flower run config).
+
+        Values may be strings (they are parsed), or already typed. Empty strings mean
+        "unset" (Flower's run config cannot hold None).
+        """
+        hints = typing.get_type_hints(cls)
+        by_name = {f.name: f for f in fields(cls)}
+        kwargs = {}
+        for key, value in mapping.items():
+            name = key.replace("-", "_")
+            if name not in by_name:
+                raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
+            choices = by_name[name].metadata.get("choices", ())
+            kwargs[name] = _coerce(
+                key.replace("_", "-"), value, hints[name], literal_none="none" in choices
+            )
+        return cls(**kwargs)
+
+    def to_run_config(self) -> dict[str, typing.Any]:
+        """Flower run-config form: kebab-case keys, None written as an empty string."""
+        out = {}
+        for f in fields(self):
+            v = getattr(self, f.name)
+            out[f.name.replace("_", "-")] = "" if v is None else v
+        return out
+
+    def to_dict(self) -> dict[str, typing.Any]:
+        return dataclasses.asdict(self)
+
+    def to_json(self) -> str:
+        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
+
+    def replace(self, **changes) -> RunConfig:
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def hidden_widths(self) -> tuple[int, ...]:
+        try:
+            widths = tuple(int(h) for h in str(self.hidden).split(",") if h.strip())
+        except ValueError:
+            raise ConfigError(
+                f"--hidden must be comma-separated integers like 100,100, got {self.hidden!r}"
+            ) from None
+        if not widths or min(widths) < 1:
+            raise ConfigError(f"--hidden needs positive widths like 100,100, got {self.hidden!r}")
+        return widths
+
+    # ------------------------------------------------------------- resolution
+    def resolve(self) -> RunConfig:
+        """Fill the dataset defaults and validate; returns a config with no ``None`` left
+        except ``data_dir`` and ``out``. Raises :class:`ConfigError` with a one-line message.
+        """
+        from fedhmc.runtime.presets import dataset_defaults
+
+        d = dataset_defaults(self.dataset, self.model, self.dim)
+        if self.protocol is not None and self.protocol not in PROTOCOLS:
+            raise ConfigError(
+                f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
+            )
+        protocol = self.protocol or "algorithm3"
+        if protocol == "authors" and self.algorithm not in ("fahmc", "fald"):
+            raise ConfigError(
+                f"--protocol authors is a way to run FA-HMC; use --algorithm fahmc or fald, "
+                f"not {self.algorithm}"
+            )
+        unset = {
+            **_GENERIC_DEFAULTS,
+            **protocol_settings(protocol, self.dataset),
+        }
+        self = self.replace(
+            protocol=protocol,
+            **{k: v for k, v in unset.items() if getattr(self, k) is None},
+        )
+        k = self.leapfrog_steps
+        if self.algorithm == "fald":
+            if k not in (None, 1):
+                raise ConfigError(
+                    f"--algorithm fald means K = 1, but --leapfrog-steps is {k}; "
+                    "drop --leapfrog-steps or use --algorithm fahmc"
+                )
+            k = 1
+        eta = self.step_size
+        friction = self.friction
+        chains = self.chains
+        if self.algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+            if k not in (None, 1):
+                raise ConfigError(
+                    f"--algorithm {self.algorithm} has no leapfrog steps, but "
+                    f"--leapfrog-steps is {k}; drop it (--local-steps sets the steps per round)"
+                )
+            k = 1
+            method = self.algorithm.removeprefix("async-")
+            if eta is None:  # SGLD's h matches FA-LD's learning rate η²/2
+                eta = d["step_size"] if method == "sghmc" else d["step_size"] ** 2 / 2
+            if friction is None:
+                friction = 0.1 / eta if method == "sghmc" else 0.0
+            if self.algorithm in ASYNC_ALGORITHMS:
+                if self.staleness:
+                    raise ConfigError(
+                        f"--staleness is synthetic staleness for sghmc/sgld; {self.algorithm} "
+                        "measures its own: drop --staleness (--max-staleness bounds it)"
+                    )
+                if chains is None:  # one server per chain, each with its own workers
+                    chains = 1
+            elif self.dataset != "gaussian-hetero":  # the pooled data: one "client"
+                self = self.replace(num_clients=1, partition="iid")
+        elif self.staleness or self.friction is not None:
+            raise ConfigError(
+                "--staleness and --friction apply to --algorithm sghmc or sgld only, "
+                f"not {self.algorithm}"
+            )
+        cfg = self.replace(
+            leapfrog_steps=10 if k is None else k,
+            step_size=d["step_size"] if eta is None else eta,
+            friction=friction,
+            batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
+            prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
+            chains=d["chains"] if chains is None else chains,
+            dim=d["dim"] if self.dim is None else self.dim,
+            burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
+            scaling=(
+                ("none" if self.dataset == "blr-synthetic" else "standardize")
+                if self.scaling is None
+                else self.scaling
+            ),
+        )
+        cfg.validate()
+        return cfg
+
+    def validate(self) -> None:
+        """Check ranges; one-line :class:`ConfigError` naming the option and the fix."""
+
+        def need(ok: bool, msg: str) -> None:
+            if not ok:
+                raise ConfigError(msg)
+
+        if self.sync_unit == "leapfrog" or self.fresh_gradients or self.restart_trajectories:
+            need(
+                self.algorithm in ("fahmc", "fald"),
+                f"--sync-unit leapfrog, --fresh-gradients and --restart-trajectories apply to "
+                f"--algorithm fahmc or fald, not {self.algorithm}",
+            )
+        need(
+            not (self.restart_trajectories and self.sync_unit != "leapfrog"),
+            "--restart-trajectories needs --sync-unit leapfrog",
+        )
+        eb = self.ece_bins
+        need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
+        ce = self.checkpoint_every
+        need(ce is None or ce >= 0, f"--checkpoint-every must be ≥ 0 rounds, got {ce}")
+        need(
+            not (self.resume and self.overwrite),
+            "--resume continues the run in --out and --overwrite replaces it; pick one",
+        )
+        need(self.num_clients >= 1, f"--num-clients must be ≥ 1, got {self.num_clients}")
+        need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
+        k = self.leapfrog_steps
+        need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
+        eta = self.step_size
+        need(
+            eta is None or (math.isfinite(eta) and eta > 0),
+            f"--step-size must be a positive number, got {eta}",
+        )
+        need(
+            math.isfinite(self.rho) and 0.0 <= self.rho <= 1.0,
+            f"--rho must be in [0, 1], got {self.rho}",
+        )
+        b = self.batch_size
+        need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
+        need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
+        need(
+            not (self.backend == "flower" and self.algorithm in STALE_ALGORITHMS),
+            f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
+        )
+        need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
+        need(
+            self.max_worker_failures >= 1,
+            f"--max-worker-failures must be ≥ 1, got {self.max_worker_failures}",
+        )
+        need(
+            not (
+                self.algorithm in ASYNC_ALGORITHMS
+                and self.chains is not None
+                and self.chains > self.num_clients
+            ),
+            f"--algorithm {self.algorithm} gives each of the --chains {self.chains} servers "
+            f"its own workers, but --num-clients is {self.num_clients}; "
+            "use --num-clients ≥ --chains",
+        )
+        fr = self.friction
+        need(
+            fr is None or (math.isfinite(fr) and fr >= 0),
+            f"--friction must be ≥ 0, got {fr}",
+        )
+        need(
+            self.anchor_batch_size >= 0,
+            f"--anchor-batch-size must be ≥ 0 (0: full local data), got {self.anchor_batch_size}",
+        )
+        need(
+            math.isfinite(self.grad_noise) and self.grad_noise >= 0,
+            f"--grad-noise must be ≥ 0, got {self.grad_noise}",
+        )
+        ps = self.prior_std
+        need(
+            ps is None or (ps > 0 and not math.isnan(ps)),
+            f"--prior-std must be > 0 (inf for a flat prior), got {ps}",
+        )
+        tau = self.temperature
+        need(
+            tau is None or (math.isfinite(tau) and tau > 0),
+            f"--temperature must be > 0, got {tau}",
+        )
+        need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
+        bi = self.burn_in
+        need(bi is None or bi >= 0, f"--burn-in must be ≥ 0, got {bi}")
+        need(
+            bi is None or bi < self.rounds,
+            f"--burn-in {bi} leaves no round to sample in --rounds {self.rounds}; "
+            f"use --burn-in below {self.rounds}",
+        )
+        if self.device != "cpu":
+            _check_device(self.device)
+        need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
+        need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
+        need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
+        need(
+            self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
+            f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",
+        )
+        need(
+            self.classes_per_client >= 1,
+            f"--classes-per-client must be ≥ 1, got {self.classes_per_client}",
+        )
+        for name, choices in (
+            ("algorithm", ALGORITHMS),
+            ("model", MODELS),
+            ("backend", BACKENDS),
+            ("dtype", DTYPES),
+            ("on_failure", ON_FAILURE),
+            ("staleness_dist", STALENESS_DISTS),
+        ):
+            v = getattr(self, name)
+            need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+        for name, choices in (
+            ("protocol", PROTOCOLS),
+            ("sync_unit", SYNC_UNITS),
+            ("minibatch", MINIBATCH_LAWS),
+            ("init", INITS),
+        ):
+            v = getattr(self, name)
+            flag = name.replace("_", "-")
+            need(
+                v is None or v in choices,
+                f"--{flag} must be one of {', '.join(choices)}; got {v!r}",
+            )
+        need(
+            self.scaling is None or self.scaling in SCALINGS,
+            f"--scaling must be one of {', '.join(SCALINGS)}; got {self.scaling!r}",
+        )
+        need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
+        need(
+            math.isfinite(self.straggler_factor) and self.straggler_factor >= 0,
+            f"--straggler-factor must be >= 0 (0 turns it off), got {self.straggler_factor}",
+        )
+        need(
+            math.isfinite(self.straggler_floor) and self.straggler_floor > 0,
+            f"--straggler-floor must be > 0 seconds, got {self.straggler_floor}",
+        )
+        need(
+            self.node_wait_timeout > 0,
+            f"--node-wait-timeout must be > 0, got {self.node_wait_timeout}",
+        )
+        mc = self.min_clients
+        need(
+            mc is None or 1 <= mc <= self.num_clients,
+            f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
+        )
+        need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
+        if self.model == "mlp":
+            self.hidden_widths  # noqa: B018  (validates)
+        if k is not None and eta is not None:
+            need(
+                self.local_steps * max(k + 1, 2 * k) < (1 << 29),
+                "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient "
+                "evaluations per round",
+            )
+
+    def default_out(self) -> str:
+        import time
+
+        stamp = time.strftime("%Y%m%d-%H%M%S")
+        return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+def _check_device(device: str) -> None:
+    """A one-line error for a device that this machine does not have."""
+    import torch
+
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(
+            f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
+        ) from None
+    if dev.type == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
+        if dev.index is not None and dev.index >= torch.cuda.device_count():
+            raise ConfigError(
+                f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); "
+                f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}"
+            )
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"--device {device}: MPS is not available here; use --device cpu")
+    elif dev.type != "cpu":
+        raise ConfigError(f"--device {device}: fedhmc runs on cpu, cuda or mps")
+
+
+def _coerce(key: str, value, hint, literal_none: bool = False):
+    """Parse ``value`` to the field type ``hint`` (str, int, float, bool, or Optional).
+
+    For an optional field, ``""`` and ``"none"`` mean unset, unless ``"none"`` is one of
+    the field's choices (``--scaling none``), when it is kept as text.
+    """
+    args = typing.get_args(hint)
+    optional = type(None) in args
+    base = next((a for a in args if a is not type(None)), hint) if args else hint
+    unset = ("",) if literal_none else ("", "none")
+    if value is None or (optional and isinstance(value, str) and value.strip() in unset):
+        if optional:
+            return None
+        raise ConfigError(f"setting {key!r} needs a value")
+    try:
+        if base is bool:
+            if isinstance(value, str):
+                low = value.strip().lower()
+                if low in ("1", "true", "yes", "on"):
+                    return True
+                if low in ("0", "false", "no", "off"):
+                    return False
+                raise ValueError(value)
+            return bool(value)
+        if base is int:
+            if isinstance(value, float) and not value.is_integer():
+                raise ValueError(value)
+            if isinstance(value, str):
+                f = float(value)
+                if not f.is_integer():
+                    raise ValueError(value)
+                return int(f)
+            return int(value)
+        if base is float:
+            return float(value)
+        return str(value)
+    except (TypeError, ValueError, OverflowError):
+        kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "text")
+        raise ConfigError(f"setting {key!r} must be {kind}, got {value!r}") from None

@@ -1,0 +1,741 @@
+"""The round loop shared by both backends, and the in-process batched engine.
+
+:func:`run_loop` owns everything that happens between rounds: the non-finite check,
+collecting the global sample every ``thin`` rounds after ``burn_in``, evaluating it, the
+progress bar, and the run's files. A backend only supplies ``round_fn(theta_bar, r)``:
+:func:`run` (``fedhmc run``) advances all clients and chains in one batched computation;
+the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages their replies.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+import signal
+import sys
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from fedhmc.algorithms.debiased import Anchor, debiased_round
+from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
+from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
+from fedhmc.runtime.output import RunWriter
+from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
+
+ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
+
+
+def sampler_settings(cfg: RunConfig) -> SamplerSettings:
+    """The sampler's settings from a resolved config."""
+    return SamplerSettings(
+        step_size=float(cfg.step_size),
+        leapfrog_steps=int(cfg.leapfrog_steps),
+        local_steps=int(cfg.local_steps),
+        rho=float(cfg.rho),
+        grad_noise=float(cfg.grad_noise),
+        temperature=float(cfg.temperature or 1.0),
+        sync_unit=cfg.sync_unit or "iteration",
+        fresh_gradients=bool(cfg.fresh_gradients),
+        restart=bool(cfg.restart_trajectories),
+    )
+
+
+def is_collect_round(cfg: RunConfig, round_: int) -> bool:
+    """Whether round ``round_`` (1-based) contributes a sample: after ``burn_in`` rounds,
+    every ``thin``-th round, and under ``--sync-unit leapfrog`` only at the end of a
+    trajectory (leapfrog count a multiple of lcm(T, K); of T·K with restarts)."""
+    if not (round_ > cfg.burn_in and (round_ - cfg.burn_in) % cfg.thin == 0):
+        return False
+    if cfg.sync_unit == "leapfrog" and cfg.algorithm in ("fahmc", "fald"):
+        return sampler_settings(cfg).ends_trajectory(round_)
+    return True
+
+
+def protocol_record(cfg: RunConfig) -> dict:
+    """What ``summary.json`` and results tables say about the protocol that produced them."""
+    if cfg.algorithm not in ("fahmc", "fald", "fahmc-debiased"):
+        return {"name": cfg.algorithm}
+    settings = sampler_settings(cfg)
+    rec = {
+        "name": cfg.protocol or "algorithm3",
+        "sync_unit": settings.sync_unit,
+        "fresh_gradients": settings.fresh_gradients,
+        "restart_trajectories": settings.restart,
+        "minibatch": cfg.minibatch,
+        "grad_evals_per_leapfrog_step": 2 if settings.fresh_gradients else "1 + 1/trajectory",
+        "round": (
+            f"{cfg.local_steps} leapfrog steps, then positions and momenta averaged"
+            if settings.leapfrog_sync
+            else f"{cfg.local_steps} trajectories of {cfg.leapfrog_steps} leapfrog steps, "
+            "then positions averaged"
+        ),
+    }
+    if settings.restart:
+        rec["outer_iteration"] = (
+            f"{cfg.leapfrog_steps} rounds ({cfg.local_steps} trajectories, each restarting "
+            "from the position broadcast at the outer iteration's start)"
+        )
+    return rec
+
+
+def finite_or_none(metrics: dict) -> dict:
+    """JSON-safe metrics: non-finite floats become None."""
+    return {
+        k: v if not isinstance(v, float) or math.isfinite(v) else None for k, v in metrics.items()
+    }
+
+
+@dataclass
+class RoundStats:
+    """What a backend reports about one round."""
+
+    grad_evals: int
+    finite: bool
+    clients: int
+    failed: int = 0
+    bytes_down: int = 0
+    bytes_up: int = 0
+    energy_error: float | None = None
+    """Mean |ΔH| per leapfrog trajectory over chains and clients (None where the algorithm
+    has no leapfrog trajectories)."""
+
+
+@dataclass
+class RunResult:
+    """What a run returns in Python (the files hold the same)."""
+
+    config: RunConfig
+    theta_bar: torch.Tensor
+    history: list[dict] = field(default_factory=list)
+    summary: dict = field(default_factory=dict)
+
+    @property
+    def final(self) -> dict:
+        return self.history[-1] if self.history else {}
+
+
+RoundFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, RoundStats]]
+BackendState = tuple[Callable[[], dict], Callable[[dict], None]]
+"""(get, set) of what a backend keeps between rounds, for checkpoints."""
+
+CHECKPOINT_SECONDS = 60.0
+ENERGY_EXPLODED = 1e4
+"""A round whose mean |ΔH| per leapfrog trajectory exceeds this many times the dimension
+ends the run as diverged: every coordinate gained about 2 × 10⁴ times the kinetic energy of
+a fresh momentum in one trajectory, which a stable integrator does not do. (At the
+authors' tuned Fashion-MNIST settings it is about 50–400 × d in the first rounds.)"""
+"""With ``--checkpoint-every`` unset, a checkpoint at most once a minute (and on a stop)."""
+
+
+class StopRequest:
+    """A stop asked for from another thread: the Flower simulation runs the server's round
+    loop in a thread of its own, so the main thread's signal handler records the signal
+    here and the loop stops after its round (:func:`request_stop`)."""
+
+    signum: int | None = None
+
+
+def request_stop(signum: int) -> None:
+    StopRequest.signum = signum
+
+
+class _Stop:
+    """Signal handling for the duration of a run: the first SIGINT/SIGTERM asks the run to
+    stop after the round in flight; a second one stops it at once (KeyboardInterrupt).
+    Outside the main thread no handler can be installed; the loop then polls
+    :class:`StopRequest`."""
+
+    def __init__(self, announce: bool):
+        self._signum: int | None = None
+        self.announce = announce
+        self._old: dict = {}
+
+    @property
+    def signum(self) -> int | None:
+        return self._signum if self._signum is not None else StopRequest.signum
+
+    @signum.setter
+    def signum(self, value) -> None:
+        self._signum = value
+
+    def __enter__(self):
+        if threading.current_thread() is threading.main_thread():
+            for sig in (signal.SIGINT, signal.SIGTERM):
+                self._old[sig] = signal.signal(sig, self._handle)
+        return self
+
+    def _handle(self, signum, frame):
+        if self.signum is not None:
+            raise KeyboardInterrupt
+        self.signum = signum
+        if self.announce:
+            print(
+                "\nfedhmc: stopping after this round (signal again to stop at once)",
+                file=sys.stderr,
+                flush=True,
+            )
+
+    def __exit__(self, *exc):
+        for sig, old in self._old.items():
+            signal.signal(sig, old)
+        return False
+
+
+def prepare_out(cfg: RunConfig) -> dict | None:
+    """Check ``--out`` before a run and, with ``--resume``, load its checkpoint.
+
+    A directory that holds another run is refused unless ``--resume`` (continue it) or
+    ``--overwrite`` (replace it) is given, so that no folder ever mixes two runs.
+    """
+    from fedhmc.runtime import checkpoint
+
+    out = Path(cfg.out)
+    if cfg.resume:
+        state, problems = checkpoint.load(out)
+        for p in problems:
+            print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
+        saved = dict(state["config"])
+        saved["_round_reached"] = int(state["round"])
+        checkpoint.check_compatible(saved, cfg.to_dict(), state["_header"]["version"])
+        return state
+    holds = [n for n in ("config.json", "summary.json", "checkpoint.pt") if (out / n).exists()]
+    if holds and not cfg.overwrite:
+        status = ""
+        try:
+            summary = json.loads((out / "summary.json").read_text())
+            status = f" ({summary.get('status')}, {summary.get('rounds_completed')} rounds)"
+        except (OSError, ValueError):
+            pass
+        raise ConfigError(
+            f"--out {cfg.out} already holds a run{status}; continue it with "
+            f"--resume {cfg.out}, replace it with --overwrite, or choose another --out"
+        )
+    if holds:
+        for name in ("checkpoint.pt", "checkpoint.prev.pt", "samples.npy", "summary.json"):
+            (out / name).unlink(missing_ok=True)
+    return None
+
+
+def resume_or_replace(cfg: RunConfig) -> RunConfig:
+    """For a sweep or experiment cell: continue the run in ``cfg.out`` from its checkpoint
+    when it is compatible, else replace whatever the folder holds."""
+    from fedhmc.runtime import checkpoint
+
+    out = Path(cfg.out)
+    if (out / checkpoint.NAME).exists() or (out / checkpoint.PREVIOUS).exists():
+        try:
+            prepare_out(cfg.replace(resume=True, overwrite=False))
+            return cfg.replace(resume=True, overwrite=False)
+        except ConfigError:
+            pass
+    return cfg.replace(resume=False, overwrite=True)
+
+
+def _history_from_csv(path: Path, upto: int) -> list[dict]:
+    rows = []
+    try:
+        with open(path, newline="") as f:
+            for r in csv.DictReader(f):
+                try:
+                    rnd = int(r["round"])
+                except (TypeError, ValueError):
+                    break  # a partly written last line
+                if rnd > upto:
+                    break
+                if any(v is None for v in r.values()):
+                    break
+                rows.append({k: _parse(v) for k, v in r.items()})
+    except OSError:
+        pass
+    return rows
+
+
+def _parse(v: str):
+    try:
+        i = int(v)
+        return i
+    except ValueError:
+        pass
+    try:
+        return float(v)
+    except ValueError:
+        return v
+
+
+def run_loop(
+    cfg: RunConfig,
+    evaluator,
+    theta0: torch.Tensor,
+    round_fn: RoundFn,
+    *,
+    dim: int,
+    num_clients: int,
+    description: str,
+    backend: str,
+    progress: bool = True,
+    on_round: Callable[[dict], None] | None = None,
+    summary_extra: Callable[[], dict] | None = None,
+    backend_state: BackendState | None = None,
+) -> RunResult:
+    """Run ``cfg.rounds`` rounds of ``round_fn`` and write the run's files to ``cfg.out``.
+
+    ``summary_extra``, if given, is called once at the end (also after a failure) and its
+    items join ``summary.json``: a backend's own report. ``backend_state`` is the (get,
+    set) pair of what the backend keeps between rounds, saved in checkpoints.
+
+    Checkpoints (:mod:`fedhmc.runtime.checkpoint`) are written every ``--checkpoint-every`` rounds
+    (unset: at most once a minute), at the end, and when SIGINT or SIGTERM stops the run
+    after the round in flight. With ``--resume`` the run continues from its checkpoint and
+    gives the same numbers as a run that was never stopped.
+
+    Raises
+    ------
+    NonFiniteError
+        When θ̄ or an energy becomes non-finite; the files written so far stay valid.
+    RunInterrupted
+        When a signal stopped the run (its checkpoint and summary are written).
+    """
+    from fedhmc.runtime import checkpoint
+
+    if cfg.resume and backend_state is None:
+        raise ConfigError(
+            f"--algorithm {cfg.algorithm} cannot be resumed (its server state is not "
+            "checkpointed); start it again with --overwrite"
+        )
+    if cfg.tensorboard:
+        from fedhmc.runtime.output import TensorBoardLog
+
+        TensorBoardLog.require()
+    resumed = prepare_out(cfg)
+    columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
+    keep = None
+    if resumed is not None:
+        keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
+    writer = RunWriter(cfg.out, columns, keep_rows=keep)
+    writer.write_config(cfg.to_dict())
+    tb = None
+    if cfg.tensorboard:
+        from fedhmc.runtime.output import TensorBoardLog
+
+        start_round = int(resumed["round"]) + 1 if resumed is not None else 1
+        tb = TensorBoardLog(cfg.tensorboard, cfg.to_dict(), start_round)
+    theta_bar = theta0
+    result = RunResult(cfg, theta_bar)
+    grad_evals, wall_before = 0, 0.0
+    totals = dict.fromkeys(ROUND_COLUMNS, 0)
+    draws: list[torch.Tensor] = []
+    keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
+    start = 1
+    if resumed is not None:
+        start = int(resumed["round"]) + 1
+        theta_bar = resumed["theta_bar"].to(theta0.device, theta0.dtype)
+        result.theta_bar = theta_bar
+        grad_evals = int(resumed["grad_evals"])
+        wall_before = float(resumed["wall_s"])
+        totals = {k: int(v) for k, v in resumed["totals"].items()}
+        keep_draws = bool(resumed["keep_draws"])
+        if resumed.get("draws") is not None:
+            draws = list(resumed["draws"].unbind(0))
+        if resumed.get("samples") is not None:
+            writer.samples = [x.numpy() for x in resumed["samples"].unbind(0)]
+        evaluator.load_state_dict(resumed["evaluator"])
+        if backend_state is not None:
+            backend_state[1](resumed.get("backend") or {})
+        result.history = keep
+    t0 = time.perf_counter()
+
+    def wall() -> float:
+        return wall_before + time.perf_counter() - t0
+
+    def save_checkpoint(r: int) -> None:
+        checkpoint.save(
+            cfg.out,
+            {
+                "round": r,
+                "config": cfg.to_dict(),
+                "theta_bar": theta_bar.detach().cpu(),
+                "grad_evals": grad_evals,
+                "wall_s": wall(),
+                "totals": totals,
+                "keep_draws": keep_draws,
+                "draws": torch.stack(draws) if draws and keep_draws else None,
+                "samples": (
+                    torch.from_numpy(__import__("numpy").stack(writer.samples))
+                    if writer.samples
+                    else None
+                ),
+                "evaluator": evaluator.state_dict(),
+                "backend": backend_state[0]() if backend_state is not None else {},
+            },
+        )
+
+    status = "running"
+    stop_round = None
+    last_ckpt = time.monotonic()
+    writer.write_summary({"status": "running", "rounds_completed": start - 1, "backend": backend})
+    bar = _progress(cfg.rounds, progress, initial=start - 1)
+    try:
+        with _Stop(announce=progress) as stop:
+            for r in range(start, cfg.rounds + 1):
+                new_theta, stats = round_fn(theta_bar, r)
+                grad_evals += stats.grad_evals
+                if not (stats.finite and torch.isfinite(new_theta).all()):
+                    status = "diverged"
+                    raise NonFiniteError(
+                        f"round {r}: the chain diverged (non-finite position or energy); "
+                        f"try a smaller --step-size than {cfg.step_size:g}, "
+                        f"e.g. {cfg.step_size / 2:g}"
+                    )
+                de = stats.energy_error
+                if de is not None and not de <= ENERGY_EXPLODED * max(dim, 1):
+                    status = "diverged"
+                    raise NonFiniteError(
+                        f"round {r}: the leapfrog's energy error exploded (|ΔH| = {de:.3g} "
+                        f"per trajectory for d = {dim}, above {ENERGY_EXPLODED:g}·d); "
+                        f"try a smaller --step-size than {cfg.step_size:g}, "
+                        f"e.g. {cfg.step_size / 10:g}"
+                    )
+                theta_bar = new_theta
+                collect = is_collect_round(cfg, r)
+                metrics = evaluator(theta_bar, collect)
+                sick = evaluator.health(metrics) if hasattr(evaluator, "health") else None
+                if sick is not None:
+                    status = "diverged"
+                    raise NonFiniteError(
+                        f"round {r}: {sick}; try a smaller --step-size than "
+                        f"{cfg.step_size:g}, e.g. {cfg.step_size / 10:g}"
+                    )
+                if collect and cfg.save_samples:
+                    writer.add_sample(theta_bar)
+                if collect and keep_draws:
+                    draws.append(theta_bar.detach().to("cpu", torch.float32).clone())
+                    keep_draws = len(draws) * theta_bar.numel() <= DIAGNOSTICS_MAX_VALUES
+                extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
+                for k in ROUND_COLUMNS:
+                    totals[k] += extra[k]
+                row = {
+                    "round": r,
+                    **metrics,
+                    **extra,
+                    "energy_error": stats.energy_error,
+                    "wall_s": wall(),
+                    "grad_evals": grad_evals,
+                }
+                writer.write_row(row)
+                if tb is not None:
+                    tb.log(row)
+                result.history.append(row)
+                result.theta_bar = theta_bar
+                if on_round is not None:
+                    on_round(row)
+                if bar is not None:
+                    bar.update(1)
+                    bar.set_postfix(_postfix(metrics), refresh=False)
+                every = cfg.checkpoint_every
+                due = (
+                    time.monotonic() - last_ckpt >= CHECKPOINT_SECONDS
+                    if every is None
+                    else every > 0 and r % every == 0
+                )
+                if stop.signum is not None or r == cfg.rounds or due:
+                    save_checkpoint(r)
+                    last_ckpt = time.monotonic()
+                if stop.signum is not None and r < cfg.rounds:
+                    stop_round = r
+                    status = "interrupted"
+                    raise RunInterrupted(stop.signum, r, str(cfg.out))
+        status = "completed"
+    except KeyboardInterrupt:
+        status = "interrupted"
+        raise
+    except RunInterrupted:
+        raise
+    except Exception:
+        status = "diverged" if status == "diverged" else "failed"
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+        total_wall = wall()
+        rounds_done = len(result.history)
+        final = {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
+        result.summary = {
+            "status": status,
+            "rounds_completed": rounds_done,
+            "rounds": cfg.rounds,
+            "final": finite_or_none(final),
+            "wall_s": total_wall,
+            "grad_evals": grad_evals,
+            "grad_evals_per_s": grad_evals / max(total_wall, 1e-9),
+            "bytes_down": totals["bytes_down"],
+            "bytes_up": totals["bytes_up"],
+            "bytes_total": totals["bytes_down"] + totals["bytes_up"],
+            "client_failures": totals["failed"],
+            "dim": dim,
+            "num_clients": num_clients,
+            "data": description,
+            "backend": backend,
+            "protocol": protocol_record(cfg),
+            "diagnostics": _diagnostics(draws, keep_draws),
+        }
+        if resumed is not None:
+            result.summary["resumed_from_round"] = start - 1
+        if status == "interrupted":
+            result.summary["resume"] = f"fedhmc run --resume {cfg.out}"
+            if stop_round is None:
+                result.summary["note"] = (
+                    "stopped at once by a second signal: the last checkpoint is older than "
+                    "the last round in metrics.csv; --resume continues from the checkpoint"
+                )
+        if getattr(evaluator, "ece_bins", None) is not None:
+            result.summary["ece_bins"] = evaluator.ece_bins
+        model = getattr(evaluator, "model", None)
+        if model is not None:  # the parameters' layout (fedhmc export names them)
+            result.summary["model"] = getattr(model, "name", None)
+            result.summary["model_shapes"] = {
+                "num_features": getattr(model, "num_features", None),
+                "num_classes": getattr(model, "num_classes", None),
+            }
+        if summary_extra is not None:
+            result.summary.update(summary_extra())
+        writer.write_samples()
+        writer.write_summary(result.summary)
+        writer.close()
+        if tb is not None:
+            tb.close()
+    return result
+
+
+DIAGNOSTICS_MAX_VALUES = 20_000_000
+"""Collected θ̄ values kept in memory for R-hat / ESS (beyond that, no diagnostics)."""
+
+
+def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
+    """Split R-hat and ESS of the collected global samples across chains (None if fewer
+    than 4 samples, fewer than 2 chains, or too many values to keep)."""
+    if not complete or len(draws) < 4:
+        return None
+    from fedhmc.analysis.diagnostics import summarize
+
+    out = summarize(torch.stack(draws).to(torch.float64))
+    out["samples_per_chain"] = len(draws)
+    out["chains"] = int(draws[0].shape[0])
+    return out
+
+
+@dataclass
+class CarryState:
+    """What the server keeps between rounds under ``--sync-unit leapfrog``: the averaged
+    momentum (to continue a trajectory in the next round) and, with restarts, the outer
+    iteration's origin X₀. Shared by the engine and the Flower ServerApp."""
+
+    momentum: torch.Tensor | None = None
+    origin: torch.Tensor | None = None
+
+    def inputs(self, settings, round_: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(momentum or None, origin or None) that round ``round_`` needs."""
+        momentum = self.momentum if settings.starts_mid_trajectory(round_) else None
+        return momentum, (self.origin if settings.restart else None)
+
+    def update(self, settings, round_: int, theta_bar: torch.Tensor, momentum) -> None:
+        """After round ``round_``: keep the averaged momentum, and under restarts make θ̄
+        the next origin when the round ends an outer iteration."""
+        self.momentum = momentum
+        if settings.restart and settings.ends_trajectory(round_):
+            self.origin = theta_bar
+
+    def state_dict(self) -> dict:
+        return {
+            k: None if v is None else v.detach().cpu()
+            for k, v in (("momentum", self.momentum), ("origin", self.origin))
+        }
+
+    def load_state_dict(self, state: dict, device="cpu") -> None:
+        for k in ("momentum", "origin"):
+            v = state.get(k)
+            setattr(self, k, None if v is None else v.to(device))
+
+
+def prepare(cfg: RunConfig) -> RunConfig:
+    """Resolve defaults and fix the output directory."""
+    cfg = cfg.resolve()
+    return cfg.replace(out=cfg.out or cfg.default_out())
+
+
+def run(
+    cfg: RunConfig,
+    problem: Problem | None = None,
+    progress: bool = True,
+    on_round: Callable[[dict], None] | None = None,
+) -> RunResult:
+    """Run FA-HMC in process (all clients and chains batched) and write the run's files.
+
+    Parameters
+    ----------
+    cfg
+        The run's settings; resolved here if not yet.
+    problem
+        A prebuilt problem (defaults to :func:`fedhmc.runtime.problem.build_problem`).
+    progress
+        Show a progress bar over rounds (on a terminal).
+    on_round
+        Called with each round's metrics row.
+    """
+    cfg = prepare(cfg)
+    if cfg.algorithm in ASYNC_ALGORITHMS:
+        raise ConfigError(
+            f"--algorithm {cfg.algorithm} is a protocol between a server and Flower workers; "
+            "add --backend flower (or use --algorithm sghmc/sgld for the in-process sampler)"
+        )
+    device = torch.device(cfg.device)
+    if problem is None:
+        problem = build_problem(cfg, device=device)
+    if cfg.algorithm in STALE_ALGORITHMS:
+        return _run_stale(cfg, problem, device, progress, on_round)
+    settings = sampler_settings(cfg)
+    target = problem.target
+    debiased = cfg.algorithm == "fahmc-debiased"
+    anchor_target = target.with_batch_size(cfg.anchor_batch_size) if debiased else None
+    anchor = None
+    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
+    carry = CarryState(origin=theta0 if settings.restart else None)
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        nonlocal anchor
+        if debiased:
+            theta_bar, anchor, info = debiased_round(
+                target, anchor_target, theta_bar, anchor, cfg.seed, r, settings
+            )
+        else:
+            momentum, origin = carry.inputs(settings, r)
+            theta_bar, info = run_round(
+                target, theta_bar, cfg.seed, r, settings, momentum=momentum, origin=origin
+            )
+            carry.update(settings, r, theta_bar, info.momentum)
+        finite = bool(torch.isfinite(info.energy).all())
+        down, up = bytes_per_round(cfg, problem.dim, r)
+        stats = RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
+        stats.energy_error = float(info.energy_error.mean())
+        return theta_bar, stats
+
+    def get_state() -> dict:
+        return {
+            "carry": carry.state_dict(),
+            "anchor": None if anchor is None else anchor.correction.detach().cpu(),
+        }
+
+    def set_state(state: dict) -> None:
+        nonlocal anchor
+        carry.load_state_dict(state.get("carry") or {}, device)
+        a = state.get("anchor")
+        anchor = None if a is None else Anchor(a.to(device))
+
+    return run_loop(
+        cfg,
+        problem.evaluator,
+        theta0,
+        round_fn,
+        dim=problem.dim,
+        num_clients=target.num_clients,
+        description=problem.description,
+        backend="engine",
+        progress=progress,
+        on_round=on_round,
+        backend_state=(get_state, set_state),
+    )
+
+
+def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> RunResult:
+    """Stale-gradient SGHMC / SGLD on the pooled data: a round is T steps, no communication."""
+    from fedhmc.algorithms.stale import (
+        StaleSettings,
+        advance,
+        chain_keys,
+        init_state,
+        target_grad_fn,
+    )
+
+    settings = StaleSettings(
+        method=cfg.algorithm,
+        step_size=float(cfg.step_size),
+        friction=float(cfg.friction),
+        staleness=int(cfg.staleness),
+        staleness_dist=cfg.staleness_dist,
+        temperature=float(cfg.temperature),
+    )
+    target = problem.target
+    keys = chain_keys(cfg.seed, cfg.chains).to(device)
+    grad = target_grad_fn(target, keys)
+    noise = float(cfg.grad_noise)
+    if noise > 0:
+        from fedhmc.core import rng
+
+        noise_keys = rng.derive(keys, rng.STREAM_GRAD_NOISE)
+        exact = grad
+
+        def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
+            return exact(theta, step) + noise * rng.normal(
+                noise_keys, step, theta.shape[-1], theta.dtype
+            )
+
+    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
+    state = init_state(theta0, settings)
+
+    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
+        nonlocal state
+        state = advance(state, grad, cfg.local_steps, settings, keys)
+        finite = bool(torch.isfinite(state.momentum).all())
+        return state.theta, RoundStats(cfg.local_steps * cfg.chains, finite, 1, 0, 0, 0)
+
+    def get_state() -> dict:
+        return {
+            "theta": state.theta.cpu(),
+            "momentum": state.momentum.cpu(),
+            "ring": state.ring.cpu(),
+            "step": state.step,
+        }
+
+    def set_state(saved: dict) -> None:
+        nonlocal state
+        state = type(state)(
+            saved["theta"].to(device),
+            saved["momentum"].to(device),
+            saved["ring"].to(device),
+            int(saved["step"]),
+        )
+
+    return run_loop(
+        cfg,
+        problem.evaluator,
+        theta0,
+        round_fn,
+        dim=problem.dim,
+        num_clients=1,
+        description=problem.description,
+        backend="engine",
+        progress=progress,
+        on_round=on_round,
+        backend_state=(get_state, set_state),
+    )
+
+
+def _progress(total: int, enabled: bool, initial: int = 0):
+    if not enabled:
+        return None
+    from tqdm.auto import tqdm
+
+    return tqdm(
+        total=total, initial=initial, desc="rounds", unit="round", disable=None, leave=False
+    )
+
+
+def _postfix(metrics: dict) -> dict:
+    keys = ("accuracy", "nll_mean") if "accuracy" in metrics else ("w2", "mean_error")
+    return {k: f"{metrics[k]:.4g}" for k in keys if k in metrics}

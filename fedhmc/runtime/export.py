@@ -1,0 +1,180 @@
+"""Export a run's draws to ArviZ: ``fedhmc export RUN_DIR --to arviz``.
+
+The run must have kept its draws (``--save-samples``: ``samples.npy``, shaped
+(draws, chains, d)). The export is an ``arviz.InferenceData`` written as netCDF:
+
+- ``posterior``: the global samples θ̄ with dims (chain, draw, …), split into the model's
+  parameters: for logistic regression ``weight`` (class, feature) and ``bias`` (class);
+  for the MLP ``layer{i}_weight`` (out, in) and ``layer{i}_bias`` (out), with the unit
+  dims named ``input``, ``hidden1``, … , ``class``; for Gaussian targets ``theta``
+  (parameter).
+- ``sample_stats``: for each draw, the metrics of the round it was collected in
+  (``round``, ``accuracy``, ``brier``, ``ece``, ``nll_mean``, ``nll_sum``, or ``w2`` and
+  ``mean_error``; ``energy_error``, ``grad_evals``, ``wall_s``). These describe the model
+  average over all chains so far, so every chain carries the same values.
+- attributes of the InferenceData (``idata.attrs``): the run's resolved configuration
+  (``fedhmc_config``, JSON, and each scalar option as ``fedhmc_<name>``), its status and
+  the fedhmc version.
+
+ArviZ (with xarray and a netCDF backend) is the optional extra ``fedhmc[arviz]``.
+"""
+
+from __future__ import annotations
+
+import csv
+import json
+import math
+from pathlib import Path
+
+import numpy as np
+
+from fedhmc.errors import ConfigError
+
+STAT_COLUMNS = (
+    "round",
+    "accuracy",
+    "brier",
+    "ece",
+    "nll_mean",
+    "nll_sum",
+    "w2",
+    "mean_error",
+    "energy_error",
+    "grad_evals",
+    "wall_s",
+)
+
+
+def _need_arviz():
+    try:
+        import arviz as az
+    except ImportError:
+        raise ConfigError(
+            "the ArviZ export needs ArviZ: pip install 'fedhmc[arviz]' "
+            "(arviz, xarray and the h5netcdf backend)"
+        ) from None
+    return az
+
+
+def param_layout(config: dict, summary: dict, dim: int) -> list[tuple[str, tuple, np.ndarray]]:
+    """[(name, dims, index array into θ)] for the run's model; one flat ``theta`` when the
+    model's shapes are unknown (Gaussian targets, or a run without them in its summary)."""
+    shapes = summary.get("model_shapes") or {}
+    model = config.get("model")
+    if summary.get("model") is None and not shapes:
+        return [("theta", ("parameter",), np.arange(dim))]
+    F, C = shapes.get("num_features"), shapes.get("num_classes")
+    if F is None or C is None:
+        return [("theta", ("parameter",), np.arange(dim))]
+    if model == "logistic" and (F + 1) * C == dim:
+        idx = np.arange(dim).reshape(F + 1, C)
+        return [("weight", ("class", "feature"), idx[:F].T), ("bias", ("class",), idx[F])]
+    if model == "mlp":
+        hidden = [int(h) for h in str(config.get("hidden", "")).split(",") if h.strip()]
+        widths = [F, *hidden, C]
+        names = ["input", *(f"hidden{i + 1}" for i in range(len(hidden))), "class"]
+        out, i = [], 0
+        for layer in range(len(widths) - 1):
+            n_in, n_out = widths[layer], widths[layer + 1]
+            w = np.arange(i, i + n_out * n_in).reshape(n_out, n_in)
+            i += n_out * n_in
+            b = np.arange(i, i + n_out)
+            i += n_out
+            out.append((f"layer{layer}_weight", (names[layer + 1], names[layer]), w))
+            out.append((f"layer{layer}_bias", (names[layer + 1],), b))
+        if i == dim:
+            return out
+    return [("theta", ("parameter",), np.arange(dim))]
+
+
+def _collected_rows(run: Path) -> list[dict]:
+    """The metrics.csv rows of the rounds whose θ̄ was collected (``samples`` went up)."""
+    rows, prev = [], 0
+    with open(run / "metrics.csv", newline="") as f:
+        for r in csv.DictReader(f):
+            try:
+                n = int(r["samples"])
+            except (KeyError, TypeError, ValueError):
+                continue
+            if n > prev:
+                rows.append(r)
+            prev = n
+    return rows
+
+
+def _attr(v):
+    if isinstance(v, bool):
+        return int(v)
+    if isinstance(v, (int, str)):
+        return v
+    if isinstance(v, float):
+        return v if math.isfinite(v) else str(v)
+    return None
+
+
+def to_inference_data(run_dir: str | Path):
+    """The run in ``run_dir`` as an ``arviz.InferenceData``."""
+    az = _need_arviz()
+    run = Path(run_dir)
+    if not (run / "config.json").is_file():
+        raise ConfigError(f"{run} has no config.json; is it a fedhmc run directory?")
+    if not (run / "samples.npy").is_file():
+        raise ConfigError(
+            f"{run} has no samples.npy: the draws were not kept; run with --save-samples"
+        )
+    config = json.loads((run / "config.json").read_text())
+    summary_path = run / "summary.json"
+    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
+    draws = np.load(run / "samples.npy")  # (draws, chains, d)
+    if draws.ndim != 3:
+        raise ConfigError(f"{run}/samples.npy has shape {draws.shape}; expected (draws, chains, d)")
+    # (chain, draw, d), in float64: ArviZ then folds and ranks at the precision fedhmc's
+    # own diagnostics use (in float32, rounding creates ties that move R̂ by ~1e-3).
+    x = np.ascontiguousarray(draws.transpose(1, 0, 2), dtype=np.float64)
+    posterior, dims = {}, {}
+    for name, names, idx in param_layout(config, summary, x.shape[-1]):
+        posterior[name] = x[..., idx]
+        dims[name] = list(names)
+    rows = _collected_rows(run)[: x.shape[1]]
+    stats = {}
+    for col in STAT_COLUMNS:
+        vals = [r.get(col, "") for r in rows]
+        if len(vals) == x.shape[1] and all(v not in ("", None) for v in vals):
+            arr = np.array([float(v) for v in vals])
+            if col in ("round", "grad_evals"):
+                arr = arr.astype(np.int64)
+            stats[col] = np.broadcast_to(arr, (x.shape[0], x.shape[1])).copy()
+    from fedhmc import __version__
+
+    attrs = {
+        "fedhmc_version": __version__,
+        "fedhmc_config": json.dumps(config, default=str),
+        "fedhmc_status": str(summary.get("status", "unknown")),
+    }
+    for k, v in config.items():
+        a = _attr(v)
+        if a is not None:
+            attrs[f"fedhmc_{k}"] = a
+    return az.from_dict(
+        posterior=posterior,
+        sample_stats=stats or None,
+        dims=dims,
+        attrs=attrs,
+    )
+
+
+def export_arviz(run_dir: str | Path, out: str | Path | None = None) -> Path:
+    """Write ``to_inference_data(run_dir)`` as netCDF (default ``RUN_DIR/posterior.nc``),
+    atomically; returns the path."""
+    idata = to_inference_data(run_dir)
+    path = Path(out) if out is not None else Path(run_dir) / "posterior.nc"
+    tmp = path.with_name(path.name + ".tmp")
+    try:
+        idata.to_netcdf(str(tmp), engine="h5netcdf")
+    except (ValueError, ImportError) as e:
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"could not write {path} ({e}); pip install 'fedhmc[arviz]' for the h5netcdf backend"
+        ) from None
+    tmp.replace(path)
+    return path

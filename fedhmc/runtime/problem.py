@@ -1,0 +1,316 @@
+"""From a resolved :class:`~fedhmc.runtime.config.RunConfig` to what a run needs.
+
+A :class:`Problem` holds the federated target (the clients' energies), the evaluator of
+the global sample (the Bayesian-model-average predictive on the test split, or W₂ to the
+exact posterior for Gaussian targets), and the initial position. The engine, the Flower
+ServerApp and the Flower ClientApp all build theirs here, so they agree on the data.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+
+from fedhmc.analysis.metrics import (
+    BMAPredictive,
+    gaussian_w2_diag,
+    mean_of_chains,
+    predictive_metrics,
+)
+from fedhmc.core import rng
+from fedhmc.errors import ConfigError
+from fedhmc.models.nets import MLP, build_model
+from fedhmc.models.targets import DataTarget, GaussianTarget, hetero_gaussian
+from fedhmc.runtime.config import STALE_ALGORITHMS, RunConfig
+from fedhmc.runtime.presets import GAUSSIAN_TARGETS
+
+PREDICTIVE_COLUMNS = ("accuracy", "brier", "ece", "nll_mean", "nll_sum")
+GAUSSIAN_COLUMNS = ("w2", "mean_error")
+
+
+class PredictiveEvaluator:
+    """Per-round Bayesian-model-average predictive on the test split.
+
+    Each call gets the global sample θ̄ of every chain. When ``collect`` is true the
+    chains' samples join the running BMA; the metrics are those of the BMA over all samples
+    collected so far. Before the first sample (during burn-in) they are those of the
+    current θ̄'s predictive, averaged over chains; the ``samples`` column says which.
+    """
+
+    columns = ("samples", *PREDICTIVE_COLUMNS, "ece_bins")
+
+    def __init__(self, model, X_test: torch.Tensor, y_test: torch.Tensor, ece_bins: int = 15):
+        self.model = model
+        self.ece_bins = int(ece_bins)
+        self.X = model.prepare(X_test)
+        self.y = y_test
+        self.bma = BMAPredictive()
+
+    def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
+        if not collect and self.bma.log_probs is not None:
+            logp = self.bma.log_probs  # the BMA is unchanged: no need to predict
+        else:
+            with torch.no_grad():
+                lp = self.model.log_probs(theta_bar, self.X.to(theta_bar.dtype))
+            logp = self.bma.update(lp) if collect else mean_of_chains(lp)
+        metrics = predictive_metrics(logp, self.y, ece_bins=self.ece_bins)
+        return {"samples": self.bma.count, **metrics, "ece_bins": self.ece_bins}
+
+    def health(self, metrics: dict) -> str | None:
+        """Why the chain must be stopped although it is finite, or None.
+
+        A predictive far worse than a uniform guess (mean NLL above 10 log C) means the
+        chain has exploded: its samples put near-certain mass on wrong classes.
+        """
+        num_classes = getattr(self.model, "num_classes", None)
+        nll = metrics.get("nll_mean")
+        if num_classes is None or nll is None:
+            return None
+        uniform = math.log(num_classes)
+        if nll > 10.0 * uniform:
+            return (
+                f"the predictive is far worse than a uniform guess (mean NLL {nll:.4g} "
+                f"against {uniform:.3g}): the chain has exploded"
+            )
+        return None
+
+    def state_dict(self) -> dict:
+        """The running model average (for checkpoints)."""
+        return {"count": self.bma.count, "log_probs": self.bma.log_probs}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.bma.count = int(state["count"])
+        self.bma.log_probs = state["log_probs"]
+
+
+class GaussianEvaluator:
+    """Per-round W₂ and mean error of the chains' current θ̄ against the exact posterior."""
+
+    columns = ("samples", *GAUSSIAN_COLUMNS)
+
+    def __init__(self, target: GaussianTarget, temperature: float):
+        self.posterior = target.posterior(temperature)
+        self.count = 0
+
+    def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
+        if collect:
+            self.count += theta_bar.shape[0]
+        w2, mean_err = gaussian_w2_diag(theta_bar, self.posterior.mean, self.posterior.var)
+        return {"samples": self.count, "w2": w2, "mean_error": mean_err}
+
+    def state_dict(self) -> dict:
+        return {"count": self.count}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.count = int(state["count"])
+
+
+@dataclass
+class Problem:
+    """The federated target, the evaluator of θ̄, and facts about the data."""
+
+    target: DataTarget | GaussianTarget
+    evaluator: PredictiveEvaluator | GaussianEvaluator
+    model: object | None
+    description: str
+
+    @property
+    def dim(self) -> int:
+        return self.target.dim
+
+
+def torch_dtype(cfg: RunConfig) -> torch.dtype:
+    return torch.float64 if cfg.dtype == "float64" else torch.float32
+
+
+def _load(cfg: RunConfig):
+    from fedhmc_datasets.registry import load_dataset
+
+    kwargs = {}
+    if cfg.dim is not None:
+        kwargs["dim"] = cfg.dim
+    return load_dataset(
+        cfg.dataset,
+        data_dir=cfg.data_dir,
+        download=cfg.download,
+        seed=cfg.seed,
+        scaling=cfg.scaling,
+        **kwargs,
+    )
+
+
+def load_client_data(cfg: RunConfig):
+    """Load the dataset and split it: (DatasetSplit, list of index arrays)."""
+    from fedhmc_datasets.partition import partition
+
+    data = _load(cfg)
+    n = int(data.y_train.shape[0])
+    if cfg.num_clients > n:
+        raise ConfigError(
+            f"--num-clients {cfg.num_clients} exceeds the {n} training examples of "
+            f"{cfg.dataset}; use at most {n}"
+        )
+    parts = partition(
+        data.y_train,
+        cfg.num_clients,
+        cfg.partition,
+        seed=cfg.seed,
+        alpha=cfg.dirichlet_alpha,
+        classes_per_client=cfg.classes_per_client,
+    )
+    return data, parts
+
+
+def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
+    """What the server needs: (evaluator, model or None, dim, description).
+
+    For data targets it loads the dataset for its test split and builds the model; it does
+    not split the training data, which stays with the clients.
+    """
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        post = target.posterior(cfg.temperature or 1.0)
+        desc = (
+            f"heterogeneous Gaussian, d = {cfg.dim}, {cfg.num_clients} clients; "
+            f"exact posterior N({post.mean:.4g}·1, {post.var:.4g}·I)"
+        )
+        return GaussianEvaluator(target, cfg.temperature or 1.0), None, cfg.dim, desc
+    data = _load(cfg)
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    evaluator = PredictiveEvaluator(
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
+    )
+    return evaluator, model, model.dim, data.description
+
+
+def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem:
+    """Build the target of all clients and the evaluator of a resolved config."""
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        evaluator, _, _, desc = build_evaluator(cfg, device)
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy f
+            post = target.posterior()
+            target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
+        return Problem(target, evaluator, None, desc)
+    data, parts = load_client_data(cfg)
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    client_parts = [(data.X_train[idx], data.y_train[idx]) for idx in parts]
+    target = DataTarget(
+        model,
+        client_parts,
+        cfg.batch_size,
+        cfg.prior_std,
+        dtype=dtype,
+        device=device,
+        minibatch=cfg.minibatch or "uniform",
+    )
+    evaluator = PredictiveEvaluator(
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
+    )
+    return Problem(target, evaluator, model, data.description)
+
+
+def build_client_target(
+    cfg: RunConfig, partition_id: int, num_total: int | None = None, device="cpu"
+):
+    """One client's target (what a Flower client samples): (target, n_c).
+
+    ``num_total`` is the global n that the server sends; by default the client computes it
+    from the partition (every client splits the same data with the same seed).
+    """
+    dtype = torch_dtype(cfg)
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
+        return target.client(partition_id), 1
+    data, parts = load_client_data(cfg)
+    if not 0 <= partition_id < len(parts):
+        raise ConfigError(
+            f"partition-id {partition_id} is outside [0, {len(parts)}); "
+            "check the SuperNode's --node-config and num-clients"
+        )
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    idx = parts[partition_id]
+    n = num_total if num_total is not None else sum(len(p) for p in parts)
+    target = DataTarget(
+        model,
+        [(data.X_train[idx], data.y_train[idx])],
+        cfg.batch_size,
+        cfg.prior_std,
+        num_total=n,
+        dtype=dtype,
+        device=device,
+        minibatch=cfg.minibatch or "uniform",
+    )
+    return target, len(idx)
+
+
+def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Tensor:
+    """θ̄ at round 0, (S, D), one draw per chain from the run seed's initialisation stream.
+
+    ``--init``: ``zeros``; ``normal``, N(0, I); ``torch-linear``, PyTorch's default
+    ``nn.Linear`` initialisation U(−1/√fan_in, 1/√fan_in) for every weight and bias;
+    ``auto`` (the default), zeros, except for an MLP, whose zero start is a saddle (every
+    hidden unit identical): its weights start at N(0, 2 / fan_in) and its biases at 0.
+    """
+    S = cfg.chains
+    dtype = torch_dtype(cfg)
+    init = cfg.init or "auto"
+    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
+    if init == "normal":
+        return rng.normal(keys, 0, dim, dtype).to(device)
+    if init == "torch-linear":
+        if model is None or not hasattr(model, "linear_init_bounds"):
+            raise ConfigError(
+                "--init torch-linear needs a model with linear layers (logistic or mlp); "
+                f"{cfg.dataset} has none: use --init zeros or normal"
+            )
+        u = rng.uniform(keys, 1, dim)
+        bound = model.linear_init_bounds().to(torch.float64)
+        return ((2.0 * u - 1.0) * bound).to(dtype).to(device)
+    if init == "auto" and isinstance(model, MLP):
+        z = rng.normal(keys, 0, dim, dtype)
+        std = torch.sqrt(2.0 / model.fan_in()).to(dtype)
+        return (z * std).to(device)
+    return torch.zeros(S, dim, dtype=dtype, device=device)
+
+
+def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int]:
+    """(down, up) bytes of arrays per round.
+
+    Every client gets θ̄ and returns its position, (S, D) each. Debiased FA-HMC also sends
+    the anchor θ_a and ∇f(θ_a) (from round 2 on) and returns the client's local gradient.
+    Under ``--sync-unit leapfrog`` every client returns its momentum, and gets the averaged
+    momentum when the round continues a trajectory and the origin X₀ under restarts.
+    """
+    itemsize = 8 if cfg.dtype == "float64" else 4
+    per_array = cfg.num_clients * cfg.chains * dim * itemsize
+    if cfg.algorithm == "fahmc-debiased":
+        return (3 if round_ > 1 else 1) * per_array, 2 * per_array
+    if cfg.sync_unit == "leapfrog":
+        mid = ((round_ - 1) * cfg.local_steps) % cfg.leapfrog_steps != 0
+        down = 1 + int(mid) + int(bool(cfg.restart_trajectories))
+        return down * per_array, 2 * per_array
+    return per_array, per_array
+
+
+def async_worker_target(cfg, partition_id: int, num_total: int | None = None):
+    """What a worker differentiates: (target, n_c).
+
+    On data, the worker's own partition with the energy of docs/algorithms.md, f^(c) (its data
+    scaled up to n, plus the prior): its minibatch gradient ∇f̃^(c) is an unbiased estimate
+    of ∇f when the partition is iid (``--partition iid``), and a biased one otherwise. On
+    the synthetic Gaussian targets every worker holds the pooled energy f (as ``sghmc``
+    does), so the chain targets the exact posterior N(m 1, v I).
+    """
+    from fedhmc.models.targets import GaussianTarget, hetero_gaussian
+    from fedhmc.runtime.presets import GAUSSIAN_TARGETS
+
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        dtype = torch_dtype(cfg)
+        post = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype).posterior()
+        return GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype), 1
+    return build_client_target(cfg, partition_id, num_total)

@@ -1,0 +1,348 @@
+"""Running a sweep's cells: resumable, one folder per cell, in parallel worker processes.
+
+A cell whose ``summary.json`` says it completed (or diverged) with the same settings is not
+run again, so a stopped sweep resumes where it stopped and loses at most the cells in flight.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import time
+from pathlib import Path
+
+from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted
+from fedhmc.runtime.config import RunConfig
+from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
+from fedhmc.sweep.table import build_table, write_table
+
+
+def _cell_done(cell_dir: Path, cfg: RunConfig) -> bool:
+    """Whether ``cell_dir`` holds a completed run of ``cfg`` (compared without ``out``)."""
+    try:
+        summary = json.loads((cell_dir / "summary.json").read_text())
+        config = json.loads((cell_dir / "config.json").read_text())
+    except (OSError, ValueError):
+        return False
+    if summary.get("status") not in ("completed", "diverged"):
+        return False  # a diverged run is a result too: rerunning it diverges again
+    want = json.loads(json.dumps(cfg.resolve().to_dict(), default=str))
+    return same_run_settings(config, want)
+
+
+def same_run_settings(a: dict, b: dict) -> bool:
+    """Whether two config.json dicts describe the same computation.
+
+    A key that one side lacks (a run written before the key existed) counts as that key's
+    default: a new setting's default keeps the behaviour runs had before it existed.
+    """
+    defaults = _field_defaults()
+    a = {k: v for k, v in a.items() if k not in RUN_ONLY_KEYS}
+    b = {k: v for k, v in b.items() if k not in RUN_ONLY_KEYS}
+    for k in set(a) ^ set(b):
+        if k in defaults:
+            a.setdefault(k, defaults[k])
+            b.setdefault(k, defaults[k])
+    return a == b
+
+
+def _field_defaults() -> dict:
+    """RunConfig's field defaults, as config.json writes them."""
+    return json.loads(json.dumps(RunConfig().to_dict(), default=str))
+
+
+def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
+    """Run one cell into ``cell_dir``; returns ``{"status": ..., "error": ...}``.
+
+    Top level so that worker processes can run it. Errors do not propagate: a failed
+    cell is a result. ``threads`` sets torch's intra-op threads for the run.
+    """
+    import torch
+
+    old = torch.get_num_threads()
+    if threads:
+        torch.set_num_threads(threads)
+    status, error = "completed", ""
+    try:
+        from fedhmc.runtime.engine import prepare, resume_or_replace
+
+        cell = {**settings, "out": cell_dir}
+        if cell.get("tensorboard"):  # one TensorBoard run per cell
+            cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
+        cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
+        if cfg.backend == "flower":
+            from fedhmc_server.simulation import run_flower  # lazy: core never imports flwr
+
+            run_flower(cfg, progress=False)
+        else:
+            from fedhmc.runtime.engine import run
+
+            run(cfg, progress=False)
+    except RunInterrupted as e:
+        status, error = "interrupted", str(e)
+        if _PARENT is not None and os.getppid() != _PARENT:
+            os._exit(e.exit_code)  # the sweep is gone: its checkpoint written, stop here
+    except FedHMCError as e:
+        status, error = "failed", str(e)
+    except Exception as e:  # noqa: BLE001 - a failed cell must not stop the sweep
+        status, error = "failed", f"{type(e).__name__}: {e}"
+    finally:
+        torch.set_num_threads(old)
+    try:
+        recorded = json.loads((Path(cell_dir) / "summary.json").read_text()).get("status")
+    except (OSError, ValueError):
+        recorded = None
+    if recorded and recorded != "completed":
+        status = recorded  # "diverged", "failed"
+    return {"status": status, "error": error}
+
+
+_PARENT: int | None = None
+"""In a worker process: the pid of the sweep that started it."""
+
+
+def _init_worker(threads: int) -> None:
+    import torch
+
+    global _PARENT
+    _PARENT = os.getppid()
+    die_with_parent()
+    torch.set_num_threads(threads)
+
+
+def die_with_parent() -> None:
+    """Ask Linux to send this process SIGTERM when its parent dies (whatever kills it), so
+    that no worker goes on computing into a cell folder that a rerun would use. The
+    SIGTERM makes a running cell checkpoint and stop (see :mod:`fedhmc.runtime.checkpoint`)."""
+    import signal
+    import sys
+
+    if not sys.platform.startswith("linux"):
+        return
+    try:
+        import ctypes
+
+        libc = ctypes.CDLL(None, use_errno=True)
+        libc.prctl(1, int(signal.SIGTERM), 0, 0, 0)  # PR_SET_PDEATHSIG
+        if os.getppid() == 1:  # the parent died before the request: stop now
+            os.kill(os.getpid(), signal.SIGTERM)
+    except (OSError, AttributeError):  # pragma: no cover - no prctl here
+        pass
+
+
+class FolderLock:
+    """An exclusive lock on a sweep or experiment folder (``.lock``), so that two sweeps
+    never run into the same cells at once. Released when the process ends, however."""
+
+    def __init__(self, folder: Path):
+        self.path = Path(folder) / ".lock"
+        self._f = None
+
+    def __enter__(self):
+        import fcntl
+
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._f = open(self.path, "a+")  # noqa: SIM115
+        try:
+            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            self._f.seek(0)
+            holder = self._f.read().strip() or "another process"
+            self._f.close()
+            raise ConfigError(
+                f"{self.path.parent} is in use by {holder}; wait for it to finish, or stop "
+                "it (its cells resume from their checkpoints)"
+            ) from None
+        self._f.seek(0)
+        self._f.truncate()
+        self._f.write(f"process {os.getpid()}")
+        self._f.flush()
+        return self
+
+    def __exit__(self, *exc):
+        import fcntl
+
+        if self._f is not None:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+        return False
+
+
+def _write_json(path: Path, data: dict) -> None:
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
+    os.replace(tmp, path)
+
+
+def run_sweep(
+    out: str | os.PathLike,
+    grid: dict[str, list],
+    base: dict | None = None,
+    *,
+    workers: int = 1,
+    progress: bool = True,
+    log=print,
+) -> list[dict]:
+    """Run every cell of ``grid`` (on top of ``base``) into ``out/cells/`` and build the table.
+
+    Parameters
+    ----------
+    out
+        The sweep directory; gets ``sweep.json``, ``results.csv`` and ``cells/``.
+    grid
+        Key → list of values; the cells are the cartesian product.
+    base
+        Fixed settings of every cell.
+    workers
+        Worker processes ("spawn") for the in-process engine; each gets
+        ``max(1, cores // workers)`` torch threads. With ``--backend flower`` the cells run
+        one at a time in this process.
+    progress
+        A progress bar over cells (on a terminal).
+    log
+        Where the one-line messages go.
+
+    Returns
+    -------
+    list of dict
+        The tidy table's rows (also in ``out/results.csv``).
+    """
+    try:
+        lock = FolderLock(Path(out)).__enter__()  # two sweeps never share a folder
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
+    try:
+        return _run_sweep(out, grid, base, workers, progress, log)
+    finally:
+        lock.__exit__(None, None, None)
+
+
+def _run_sweep(out, grid, base, workers, progress, log) -> list[dict]:
+    """:func:`run_sweep`'s body, run while the folder's lock is held."""
+    base = dict(base or {})
+    base.pop("out", None)
+    clash = sorted(set(grid) & set(base))
+    if clash:
+        raise ConfigError(
+            f"{', '.join(clash)} is both in the grid and a fixed setting; give it once"
+        )
+    if workers < 1:
+        raise ConfigError(f"--workers must be ≥ 1, got {workers}")
+    out = Path(out)
+    cells = []
+    for cell in expand_grid(grid):
+        settings = {**base, **cell}
+        try:
+            cfg = RunConfig.from_mapping(settings)
+            cid = cell_id(settings, cell)
+            cfg.resolve()
+        except ConfigError as e:
+            desc = " ".join(f"{k}={v}" for k, v in cell.items())
+            raise ConfigError(f"cell {desc}: {e}") from None
+        cells.append({"id": cid, "cell": cell, "settings": settings, "cfg": cfg})
+    ids = [c["id"] for c in cells]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
+    try:
+        (out / "cells").mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
+
+    record = {
+        "grid": grid,
+        "base": base,
+        "workers": workers,
+        "started": time.strftime("%Y-%m-%dT%H:%M:%S"),
+        "cells": [
+            {"id": c["id"], "dir": f"cells/{c['id']}", "settings": c["cell"], "status": "pending"}
+            for c in cells
+        ],
+    }
+    by_id = {c["id"]: c for c in record["cells"]}
+    todo = []
+    for c in cells:
+        if _cell_done(out / "cells" / c["id"], c["cfg"]):
+            by_id[c["id"]]["status"] = "completed"
+        else:
+            todo.append(c)
+    skipped = len(cells) - len(todo)
+    flower = any(c["cfg"].backend == "flower" for c in cells)
+    cores = os.cpu_count() or 1
+    workers = 1 if flower else min(workers, max(1, len(todo)))
+    threads = max(1, cores // workers)
+    record["workers_used"] = workers
+    _write_json(out / "sweep.json", record)
+    if flower:
+        log(
+            f"fedhmc sweep: {len(cells)} cells, skipped {skipped} completed cells; "
+            "backend flower: cells run one at a time"
+        )
+    else:
+        log(
+            f"fedhmc sweep: {len(cells)} cells, skipped {skipped} completed cells; "
+            f"running {len(todo)} on {workers} worker(s) × {threads} torch thread(s)"
+        )
+
+    bar = None
+    if progress and todo:
+        from tqdm.auto import tqdm
+
+        bar = tqdm(total=len(todo), desc="cells", unit="cell", disable=None, leave=False)
+
+    def finish(cid: str, res: dict) -> None:
+        by_id[cid].update(res)
+        _write_json(out / "sweep.json", record)
+        if res["status"] != "completed":
+            msg = f"cell {cid} {res['status']}: {res.get('error', '')}"
+            (bar.write if bar is not None else log)(msg)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if workers == 1:
+            for c in todo:
+                by_id[c["id"]]["status"] = "running"
+                res = run_cell(c["settings"], str(out / "cells" / c["id"]), threads)
+                finish(c["id"], res)
+        else:
+            _run_parallel(todo, out, workers, threads, finish, by_id)
+    except KeyboardInterrupt:
+        for c in record["cells"]:
+            if c["status"] in ("running", "pending"):
+                c["status"] = "interrupted" if c["status"] == "running" else "pending"
+        _write_json(out / "sweep.json", record)
+        raise
+    finally:
+        if bar is not None:
+            bar.close()
+    record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
+    _write_json(out / "sweep.json", record)
+    rows = build_table(out)
+    write_table(out, rows)
+    return rows
+
+
+def _run_parallel(todo, out: Path, workers: int, threads: int, finish, by_id) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
+    )
+    try:
+        futures = {}
+        for c in todo:
+            fut = pool.submit(run_cell, c["settings"], str(out / "cells" / c["id"]), threads)
+            futures[fut] = c["id"]
+            by_id[c["id"]]["status"] = "running"
+        for fut in as_completed(futures):
+            try:
+                res = fut.result()
+            except Exception as e:  # noqa: BLE001 - a dead worker fails its cell only
+                res = {"status": "failed", "error": f"worker died: {type(e).__name__}: {e}"}
+            finish(futures[fut], res)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
