@@ -65,3 +65,11 @@ def test_uniform_block_rows_are_the_single_draws():
     assert block.shape == (2, 3, 4, 9)
     for j in range(4):
         assert torch.equal(block[:, :, j], rng.uniform(keys, 5 + j, 9))
+
+
+def test_every_stream_id_is_unique():
+    from fedhmc.core import streams
+
+    ids = streams.table()
+    assert len(ids) >= 15
+    assert len(set(ids.values())) == len(ids), ids

@@ -16,7 +16,6 @@ import pytest
 import torch
 
 from fedhmc.algorithms.stale import (
-    STREAM_STALE_NOISE,
     StaleSettings,
     advance,
     chain_keys,
@@ -24,6 +23,7 @@ from fedhmc.algorithms.stale import (
     init_state,
 )
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
 Z = 5.0

@@ -25,8 +25,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedhmc.algorithms.stale import STREAM_STALE_NOISE, StaleSettings, euler_step
+from fedhmc.algorithms.stale import StaleSettings, euler_step
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_ASYNC_BATCH, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
 
@@ -211,7 +212,6 @@ def pooled_histogram(chains: list[AsyncChain], applied_only: bool = False) -> di
 
 
 # ------------------------------------------------------------------------ the worker side
-STREAM_ASYNC_BATCH = 24
 
 
 def worker_key(seed: int, chain: int) -> torch.Tensor:

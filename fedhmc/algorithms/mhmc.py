@@ -21,14 +21,13 @@ import torch
 
 from fedhmc.analysis.diagnostics import ess, split_rhat, summarize
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_MHMC_ACCEPT, STREAM_MHMC_JITTER, STREAM_MHMC_MOMENTUM
 from fedhmc.errors import ConfigError
 
 __all__ = ["EnergyGrad", "ess", "mhmc", "pooled_energy", "split_rhat", "summarize"]
 
 EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``energy_grad(theta (S, D)) -> (U (S,), ∇U (S, D))``."""
-
-_STREAM_MOMENTUM, _STREAM_ACCEPT, _STREAM_JITTER = 41, 42, 43
 
 
 def pooled_energy(target) -> EnergyGrad:
@@ -90,8 +89,8 @@ def mhmc(
     S, D = theta.shape
     dtype, device = theta.dtype, theta.device
     keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=device))
-    k_mom, k_acc = rng.derive(keys, _STREAM_MOMENTUM), rng.derive(keys, _STREAM_ACCEPT)
-    k_jit = rng.derive(keys, _STREAM_JITTER)
+    k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
+    k_jit = rng.derive(keys, STREAM_MHMC_JITTER)
     U, g = energy_grad(theta)
     # Dual averaging state (Hoffman & Gelman 2014, Algorithm 5: γ = 0.05, t0 = 10, κ = 0.75).
     log_eps = torch.full((S,), math.log(step_size), dtype=torch.float64, device=device)

@@ -27,14 +27,12 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
 METHODS = ("sghmc", "sgld")
 STALENESS_DISTS = ("fixed", "uniform")
 
-STREAM_STALE_NOISE = 21
-STREAM_STALE_DELAY = 22
-STREAM_STALE_BATCH = 23
 
 GradFn = Callable[[torch.Tensor, int], torch.Tensor]
 """``grad_fn(theta (S, D), step) -> ∇Ũ (S, D)``: ``step`` selects the minibatch."""

@@ -27,6 +27,18 @@ import math
 
 import torch
 
+from fedhmc.core.streams import (  # noqa: F401 (rng.STREAM_* is the usual spelling)
+    STREAM_ANCHOR,
+    STREAM_CHAIN,
+    STREAM_CLIENT,
+    STREAM_GRAD_NOISE,
+    STREAM_INIT,
+    STREAM_MINIBATCH,
+    STREAM_MOMENTUM,
+    STREAM_RESHUFFLE,
+    STREAM_ROUND,
+)
+
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9
@@ -41,16 +53,6 @@ def _signed(x: int) -> int:
 
 _GOLDEN_S, _M1_S, _M2_S = _signed(_GOLDEN), _signed(_M1), _signed(_M2)
 
-# Stream identifiers: each use of randomness gets its own key family.
-STREAM_MOMENTUM = 1
-STREAM_MINIBATCH = 2
-STREAM_GRAD_NOISE = 3
-STREAM_CLIENT = 4
-STREAM_ROUND = 5
-STREAM_CHAIN = 6
-STREAM_INIT = 7
-STREAM_ANCHOR = 8
-STREAM_RESHUFFLE = 9
 
 # Counter layout: hi index in bits 33..62, element in bits 1..32, Box-Muller half in bit 0.
 MAX_HI = 1 << 29

@@ -11,8 +11,6 @@ import torch
 
 from fedhmc.errors import ConfigError
 
-STREAM_DELAYED_DATA = 43
-
 
 @dataclass(frozen=True)
 class Regression:

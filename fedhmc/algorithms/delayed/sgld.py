@@ -12,18 +12,13 @@ import torch
 
 from fedhmc.algorithms.delayed.problem import Regression
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_DELAYED_BATCH, STREAM_DELAYED_NOISE
 from fedhmc.errors import ConfigError
 
 MODES = ("sync", "w-con", "w-icon")
 
 
 START_METHODS = ("spawn", "fork", "forkserver")
-
-
-STREAM_DELAYED_NOISE = 41
-
-
-STREAM_DELAYED_BATCH = 42
 
 
 @dataclass(frozen=True)

@@ -11,12 +11,11 @@ import torch
 
 from fedhmc.algorithms.delayed.problem import Regression
 from fedhmc.algorithms.delayed.sgld import (
-    STREAM_DELAYED_BATCH,
-    STREAM_DELAYED_NOISE,
     DelayedSettings,
     _keys,
     increment,
 )
+from fedhmc.core.streams import STREAM_DELAYED_BATCH, STREAM_DELAYED_NOISE
 from fedhmc.errors import FedHMCError
 
 

@@ -1,0 +1,41 @@
+"""Every random-number stream of fedhmc, in one table.
+
+Randomness is counter-based (:mod:`fedhmc.core.rng`): a key is derived from the run's seed,
+a *stream id* and indices (client, chain, round, ...), and the draws are a function of that
+key and a counter. Each use of randomness has its own stream id, so no two uses ever share
+numbers, and adding a use never changes the numbers of another. A test checks that the ids
+are unique.
+"""
+
+from __future__ import annotations
+
+# FA-HMC, FA-LD and the debiased variant (fedhmc.algorithms.fahmc, .debiased), the engine
+STREAM_MOMENTUM = 1  # momentum draws
+STREAM_MINIBATCH = 2  # uniform minibatch indices
+STREAM_GRAD_NOISE = 3  # injected gradient noise (--grad-noise)
+STREAM_CLIENT = 4  # a client's seed from the run's seed
+STREAM_ROUND = 5  # a round's seed from the run's seed
+STREAM_CHAIN = 6  # a chain's key (stale SG-MCMC, reference HMC)
+STREAM_INIT = 7  # the chains' initial positions
+STREAM_ANCHOR = 8  # the debiased variant's anchor gradients
+STREAM_RESHUFFLE = 9  # random-reshuffling permutations
+
+# Stale-gradient SGHMC / SGLD (fedhmc.algorithms.stale) and its asynchronous version
+STREAM_STALE_NOISE = 21
+STREAM_STALE_DELAY = 22
+STREAM_STALE_BATCH = 23
+STREAM_ASYNC_BATCH = 24  # an asynchronous worker's minibatches
+
+# Reference Metropolis-adjusted HMC (fedhmc.algorithms.mhmc)
+STREAM_MHMC_MOMENTUM = 41
+STREAM_MHMC_ACCEPT = 42
+STREAM_MHMC_JITTER = 43
+
+# Shared-memory delayed SGLD (fedhmc.algorithms.delayed)
+STREAM_DELAYED_NOISE = 51
+STREAM_DELAYED_BATCH = 52
+
+
+def table() -> dict[str, int]:
+    """Every stream id by name."""
+    return {k: v for k, v in globals().items() if k.startswith("STREAM_")}
