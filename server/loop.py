@@ -11,6 +11,7 @@ The loop between rounds (sample collection, metrics, files) is the engine's own
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 
@@ -19,12 +20,12 @@ from fedhmc_server.exchange import Exchange
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
 from fedhmc.errors import FedHMCError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import (
-    CarryState,
     RoundStats,
     RunResult,
     prepare,
@@ -127,7 +128,7 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         keys = (*keys, "momentum")
     anchor = None  # debiased: (round θ_a was sent, θ_a, ∇f(θ_a))
     theta0 = initial_position(model, dim, cfg)
-    carry = CarryState(origin=theta0 if settings.restart else None)
+    carry = fahmc.init(theta0, settings)  # the momentum and origin between rounds
     durations: list[float] = []  # of the complete rounds so far
 
     def straggler_deadline() -> float | None:
@@ -140,9 +141,10 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         return max(cfg.straggler_floor, cfg.straggler_factor * median)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal failed_rounds, anchor
+        nonlocal failed_rounds, anchor, carry
         out = {"theta": Array(theta_bar.detach().cpu().numpy())}
-        momentum, origin = carry.inputs(settings, r)
+        carry = dataclasses.replace(carry, position=theta_bar, round=r - 1)
+        momentum, origin = carry.inputs(settings)
         if momentum is not None:
             out["momentum"] = Array(momentum.detach().cpu().numpy())
         if origin is not None:
@@ -226,18 +228,18 @@ def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> 
         new_bar = weighted_average(positions, weights)
         if settings.leapfrog_sync:
             momenta = torch.stack([torch.as_tensor(a[4]) for a in accepted], dim=1)
-            carry.update(settings, r, new_bar, weighted_average(momenta, weights))
+            carry = carry.advanced(settings, new_bar, weighted_average(momenta, weights))
         return new_bar, stats
 
     def get_state() -> dict:
         a = None
         if anchor is not None:
             a = {"round": anchor[0], "theta": anchor[1].cpu(), "grad": anchor[2].cpu()}
-        return {"carry": carry.state_dict(), "anchor": a, "failed_rounds": failed_rounds}
+        return {"carry": carry.carry_dict(), "anchor": a, "failed_rounds": failed_rounds}
 
     def set_state(state: dict) -> None:
-        nonlocal anchor, failed_rounds
-        carry.load_state_dict(state.get("carry") or {})
+        nonlocal anchor, failed_rounds, carry
+        carry = carry.with_carry(state.get("carry") or {})
         a = state.get("anchor")
         anchor = None if a is None else (int(a["round"]), a["theta"], a["grad"])
         failed_rounds = int(state.get("failed_rounds", 0))

@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 import torch
 
 from fedhmc.algorithms.stale import StaleSettings, euler_step
-from fedhmc.core import rng
+from fedhmc.core import gradients, rng
 from fedhmc.core.streams import STREAM_ASYNC_BATCH, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
@@ -142,15 +142,14 @@ class AsyncChain:
             self.dropped_staleness[tau] += 1
             stats.dropped += 1
             return False
-        s = self.settings
-        g = grad.to(self.theta.dtype)
-        if s.temperature != 1.0:
-            g = g * (1.0 / s.temperature)  # as fedhmc.algorithms.stale, bit for bit
-        zeta = rng.normal(self._noise_key, self.t, self.theta.shape[-1], self.theta.dtype)[0]
-        self.theta, self.momentum = euler_step(
-            s.method, self.theta, self.momentum, g, zeta, s.step_size, s.friction
+        new, _ = step(
+            State(self.theta, self.momentum, self.t),
+            grad,
+            self.settings,
+            noise_key=self._noise_key,
+            sent_t=sent_t,
         )
-        self.t += 1
+        self.theta, self.momentum, self.t = new.theta, new.momentum, new.t
         stats.applied += 1
         if self.snapshot_every and self.t % self.snapshot_every == 0:
             self.snapshots[self.t // self.snapshot_every] = self.theta.clone()
@@ -181,6 +180,58 @@ class AsyncChain:
     @property
     def dropped(self) -> int:
         return sum(self.dropped_staleness.values())
+
+
+@dataclass(frozen=True)
+class State:
+    """One asynchronous chain's position θ (D,), momentum q (D,) and timestamp t (the
+    number of updates applied)."""
+
+    theta: torch.Tensor
+    momentum: torch.Tensor
+    t: int = 0
+
+
+@dataclass(frozen=True)
+class Info:
+    """What :func:`step` did with one arriving gradient: applied or dropped, and its
+    staleness t_now − t_sent."""
+
+    applied: bool
+    staleness: int
+
+
+Settings = AsyncSettings
+
+
+def init(position: torch.Tensor, settings: AsyncSettings) -> State:
+    """A chain at ``position`` (D,) with zero momentum and t = 0."""
+    return State(position.clone(), torch.zeros_like(position), 0)
+
+
+def step(
+    state: State,
+    grad: torch.Tensor,
+    settings: AsyncSettings,
+    *,
+    noise_key: torch.Tensor,
+    sent_t: int,
+) -> tuple[State, Info]:
+    """Apply one arriving gradient ``grad`` (D,), computed at the θ of timestamp ``sent_t``.
+
+    A gradient staler than ``settings.max_staleness`` is dropped (the state is returned
+    unchanged). ``noise_key`` is the chain's noise key, ``derive(key, STREAM_STALE_NOISE)``.
+    """
+    tau = state.t - sent_t
+    if tau > settings.max_staleness:
+        return state, Info(False, tau)
+    g = grad.to(state.theta.dtype)
+    g = gradients.tempered(g, settings.temperature)  # as fedhmc.algorithms.stale
+    zeta = rng.normal(noise_key, state.t, state.theta.shape[-1], state.theta.dtype)[0]
+    theta, momentum = euler_step(
+        settings.method, state.theta, state.momentum, g, zeta, settings.step_size, settings.friction
+    )
+    return State(theta, momentum, state.t + 1), Info(True, tau)
 
 
 def staleness_rows(chains: list[AsyncChain]) -> list[dict]:
@@ -226,7 +277,4 @@ def worker_gradient(
     """∇f̃ at θ (D,), minibatch number ``index`` under ``key``, plus σ_g N(0, I) noise."""
     g, _ = target.grad(theta.reshape(1, 1, -1).clone(), key.reshape(1, 1), int(index), False)
     g = g[0, 0]
-    if grad_noise > 0:
-        noise_keys = rng.derive(key, rng.STREAM_GRAD_NOISE)
-        g = g + grad_noise * rng.normal(noise_keys, int(index), g.shape[-1], g.dtype)[0]
-    return g
+    return gradients.add_noise(g, gradients.noise_keys(key), index, grad_noise)

@@ -112,3 +112,46 @@ def debiased_round(
     glob = weighted_average(local, target.weights)
     info.grad_evals += local.shape[0] * local.shape[1]
     return new_bar, Anchor(glob.unsqueeze(1) - local), info
+
+
+# ------------------------------------------------------------------ the algorithm API
+Settings = SamplerSettings
+Info = RoundInfo
+
+
+@dataclass(frozen=True)
+class State:
+    """Debiased FA-HMC between rounds: θ̄ (S, D) after ``round`` rounds and the clients'
+    control variates (None before round 2)."""
+
+    position: torch.Tensor
+    round: int = 0
+    anchor: Anchor | None = None
+
+
+def init(position: torch.Tensor, settings: SamplerSettings) -> State:
+    """The state before round 1: θ̄ = ``position`` (S, D), no anchor yet."""
+    return State(position, 0, None)
+
+
+def step(
+    state: State,
+    target,
+    settings: SamplerSettings,
+    *,
+    seed: int,
+    anchor_target=None,
+) -> tuple[State, RoundInfo]:
+    """One round of debiased FA-HMC; ``anchor_target`` is the target at the anchor batch
+    size (default: ``target`` itself)."""
+    r = state.round + 1
+    position, anchor, info = debiased_round(
+        target,
+        target if anchor_target is None else anchor_target,
+        state.position,
+        state.anchor,
+        seed,
+        r,
+        settings,
+    )
+    return State(position, r, anchor), info

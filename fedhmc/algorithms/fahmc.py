@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.core import rng
+from fedhmc.core import gradients, rng
 from fedhmc.core.aggregate import weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
@@ -293,7 +293,7 @@ def local_iterations(
     S, N, D = theta.shape
     eta = settings.step_size
     keys_mom = rng.derive(private_keys, rng.STREAM_MOMENTUM)
-    keys_noise = rng.derive(private_keys, rng.STREAM_GRAD_NOISE)
+    keys_noise = gradients.noise_keys(private_keys)
     if getattr(target, "minibatch", "uniform") == "reshuffle":
         if reshuffle_keys is None:
             raise ValueError("a random-reshuffling target needs reshuffle_keys (data_keys)")
@@ -338,10 +338,8 @@ def local_iterations(
             g, energy = target.grad(th, keys_batch, offset + base + k, need_energy)
             if correction is not None:
                 g = g.add_(correction)
-            if sigma > 0.0:
-                g = g.add_(rng.normal(keys_noise, base + k, D, g.dtype), alpha=sigma)
-            if inv_temp != 1.0:
-                g = g.mul_(inv_temp)
+            g = gradients.add_noise(g, keys_noise, base + k, sigma, inplace=True)
+            g = gradients.tempered(g, settings.temperature, inplace=True)
             if need_energy:
                 last_energy.copy_(energy * inv_temp)
             sign = energy_error_sign(k, steps, fresh)
@@ -490,3 +488,91 @@ def client_update(
     if info.momentum is not None:
         info.momentum = info.momentum[:, 0]
     return theta[:, 0], info
+
+
+# ------------------------------------------------------------------ the algorithm API
+Settings = SamplerSettings
+Info = RoundInfo
+
+
+@dataclass(frozen=True)
+class State:
+    """FA-HMC between rounds: what the server holds.
+
+    ``position`` is θ̄ (S, D) after ``round`` rounds. Under ``sync_unit="leapfrog"``,
+    ``momentum`` is the averaged momentum (S, D) that continues a trajectory into the next
+    round, and under ``restart`` ``origin`` is the outer iteration's X₀; both are None
+    otherwise.
+    """
+
+    position: torch.Tensor
+    round: int = 0
+    momentum: torch.Tensor | None = None
+    origin: torch.Tensor | None = None
+
+    def inputs(self, settings: SamplerSettings) -> tuple[torch.Tensor | None, torch.Tensor | None]:
+        """(momentum or None, origin or None) that the next round needs."""
+        r = self.round + 1
+        momentum = self.momentum if settings.starts_mid_trajectory(r) else None
+        return momentum, (self.origin if settings.restart else None)
+
+    def advanced(
+        self, settings: SamplerSettings, position: torch.Tensor, momentum: torch.Tensor | None
+    ) -> State:
+        """The state after the next round, given its new θ̄ and averaged momentum: under
+        restarts θ̄ becomes the origin when the round ends an outer iteration."""
+        r = self.round + 1
+        origin = position if settings.restart and settings.ends_trajectory(r) else self.origin
+        return State(position, r, momentum, origin)
+
+    def carry_dict(self) -> dict:
+        """The state a checkpoint keeps besides θ̄ (CPU tensors or None)."""
+        return {
+            k: None if v is None else v.detach().cpu()
+            for k, v in (("momentum", self.momentum), ("origin", self.origin))
+        }
+
+    def with_carry(self, carry: dict, device="cpu") -> State:
+        """This state with the momentum and origin of a checkpoint's :meth:`carry_dict`."""
+        m, o = carry.get("momentum"), carry.get("origin")
+        return State(
+            self.position,
+            self.round,
+            None if m is None else m.to(device),
+            None if o is None else o.to(device),
+        )
+
+
+def init(position: torch.Tensor, settings: SamplerSettings) -> State:
+    """The state before round 1: θ̄ = ``position`` (S, D)."""
+    return State(position, 0, None, position if settings.restart else None)
+
+
+def step(
+    state: State,
+    target,
+    settings: SamplerSettings,
+    *,
+    seed: int,
+    chains: torch.Tensor | None = None,
+    client_ids: torch.Tensor | None = None,
+) -> tuple[State, RoundInfo]:
+    """One communication round of FA-HMC (all clients and chains batched).
+
+    The same numbers as :func:`run_round` for round ``state.round + 1`` of run ``seed``,
+    and as every client's :func:`client_update` averaged: this is what the engine and the
+    Flower ServerApp run.
+    """
+    momentum, origin = state.inputs(settings)
+    position, info = run_round(
+        target,
+        state.position,
+        seed,
+        state.round + 1,
+        settings,
+        chains,
+        client_ids,
+        momentum=momentum,
+        origin=origin,
+    )
+    return state.advanced(settings, position, info.momentum), info

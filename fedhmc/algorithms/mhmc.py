@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 
@@ -24,7 +25,19 @@ from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_MHMC_ACCEPT, STREAM_MHMC_JITTER, STREAM_MHMC_MOMENTUM
 from fedhmc.errors import ConfigError
 
-__all__ = ["EnergyGrad", "ess", "mhmc", "pooled_energy", "split_rhat", "summarize"]
+__all__ = [
+    "EnergyGrad",
+    "Info",
+    "Settings",
+    "State",
+    "ess",
+    "init",
+    "mhmc",
+    "pooled_energy",
+    "split_rhat",
+    "step",
+    "summarize",
+]
 
 EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 """``energy_grad(theta (S, D)) -> (U (S,), ∇U (S, D))``."""
@@ -109,26 +122,10 @@ def mhmc(
             jitter = 0.9 + 0.2 * rng.uniform(k_jit, it, 1)[:, 0]
             eps = log_eps_bar.exp() * jitter
         e = eps.to(dtype).view(S, 1)
-        p = rng.normal(k_mom, it, D, dtype)
-        H0 = U + 0.5 * p.square().sum(-1)
-        th, gg = theta, g
-        pp = p - 0.5 * e * gg
-        for k in range(leapfrog_steps):
-            th = th + e * pp
-            U1, gg = energy_grad(th)
-            if k < leapfrog_steps - 1:
-                pp = pp - e * gg
-        pp = pp - 0.5 * e * gg
-        H1 = U1 + 0.5 * pp.square().sum(-1)
-        dH = (H1 - H0).to(torch.float64)
-        dH = torch.where(torch.isfinite(dH), dH, torch.full_like(dH, math.inf))
+        theta, U, g, accept_prob, dH = _transition(
+            energy_grad, theta, U, g, e, k_mom, k_acc, it, leapfrog_steps
+        )
         divergences += int((dH > 1000).sum()) if not warm else 0
-        accept_prob = torch.exp(torch.clamp(-dH, max=0.0))
-        u = rng.uniform(k_acc, it, 1)[:, 0]
-        accept = u < accept_prob
-        theta = torch.where(accept.view(S, 1), th, theta)
-        U = torch.where(accept, U1, U)
-        g = torch.where(accept.view(S, 1), gg, g)
         if warm:
             m = it + 1
             eta = 1.0 / (m + 10.0)
@@ -154,3 +151,96 @@ def mhmc(
         "target_accept": target_accept,
     }
     return samples, info
+
+
+def _transition(energy_grad, theta, U, g, e, k_mom, k_acc, it: int, leapfrog_steps: int):
+    """One Metropolis-adjusted HMC proposal of every chain at step sizes ``e`` (S, 1):
+    returns (θ, U, ∇U, acceptance probability, energy error ΔH), θ, U, ∇U after the
+    accept/reject. The momentum and the uniform come from ``k_mom``, ``k_acc`` at ``it``."""
+    S, D = theta.shape
+    p = rng.normal(k_mom, it, D, theta.dtype)
+    H0 = U + 0.5 * p.square().sum(-1)
+    th, gg = theta, g
+    pp = p - 0.5 * e * gg
+    for k in range(leapfrog_steps):
+        th = th + e * pp
+        U1, gg = energy_grad(th)
+        if k < leapfrog_steps - 1:
+            pp = pp - e * gg
+    pp = pp - 0.5 * e * gg
+    H1 = U1 + 0.5 * pp.square().sum(-1)
+    dH = (H1 - H0).to(torch.float64)
+    dH = torch.where(torch.isfinite(dH), dH, torch.full_like(dH, math.inf))
+    accept_prob = torch.exp(torch.clamp(-dH, max=0.0))
+    u = rng.uniform(k_acc, it, 1)[:, 0]
+    accept = u < accept_prob
+    theta = torch.where(accept.view(S, 1), th, theta)
+    U = torch.where(accept, U1, U)
+    g = torch.where(accept.view(S, 1), gg, g)
+    return theta, U, g, accept_prob, dH
+
+
+# ------------------------------------------------------------------ the algorithm API
+@dataclass(frozen=True)
+class Settings:
+    """One HMC transition: the step size (a float, or one per chain, (S,)) and K."""
+
+    step_size: float | torch.Tensor
+    leapfrog_steps: int = 20
+
+    def __post_init__(self) -> None:
+        if int(self.leapfrog_steps) != self.leapfrog_steps or self.leapfrog_steps < 1:
+            raise ConfigError(f"mhmc needs K ≥ 1, got {self.leapfrog_steps}")
+        if not bool(torch.all(torch.as_tensor(self.step_size) > 0)):
+            raise ConfigError("mhmc needs step_size > 0")
+
+
+@dataclass(frozen=True)
+class State:
+    """The chains (S, D) with their energy U (S,) and gradient ∇U (S, D), after
+    ``iteration`` transitions."""
+
+    position: torch.Tensor
+    energy: torch.Tensor
+    grad: torch.Tensor
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class Info:
+    """One transition: acceptance probabilities (S,) and energy errors ΔH (S,)."""
+
+    accept_prob: torch.Tensor
+    energy_error: torch.Tensor
+
+
+def init(position: torch.Tensor, energy_grad: EnergyGrad) -> State:
+    """The chains at ``position`` (S, D)."""
+    U, g = energy_grad(position)
+    return State(position.clone(), U, g, 0)
+
+
+def step(
+    state: State, energy_grad: EnergyGrad, settings: Settings, *, seed: int
+) -> tuple[State, Info]:
+    """One Metropolis-adjusted HMC transition of every chain at a fixed step size; the
+    random numbers are those :func:`mhmc` draws at the same iteration and seed."""
+    S = state.position.shape[0]
+    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
+    k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
+    e = torch.as_tensor(
+        settings.step_size, dtype=state.position.dtype, device=state.position.device
+    )
+    e = e.expand(S).reshape(S, 1)
+    theta, U, g, accept_prob, dH = _transition(
+        energy_grad,
+        state.position,
+        state.energy,
+        state.grad,
+        e,
+        k_mom,
+        k_acc,
+        state.iteration,
+        settings.leapfrog_steps,
+    )
+    return State(theta, U, g, state.iteration + 1), Info(accept_prob, dH)

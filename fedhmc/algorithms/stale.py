@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.core import rng
+from fedhmc.core import gradients, rng
 from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
@@ -166,7 +166,6 @@ def advance(
     S, D = theta.shape
     slots = settings.staleness + 1
     h, B = settings.step_size, settings.friction
-    inv_temp = 1.0 / settings.temperature
     noise_keys = rng.derive(keys, STREAM_STALE_NOISE)
     chain_idx = torch.arange(S, device=theta.device)
     step = state.step
@@ -175,8 +174,7 @@ def advance(
         src = torch.remainder(step - tau_l, slots)  # slot of θ_{max(l − τ_l, 0)}
         stale = theta if settings.staleness == 0 else ring[src, chain_idx]
         g = grad_fn(stale, step)
-        if inv_temp != 1.0:
-            g = g * inv_temp
+        g = gradients.tempered(g, settings.temperature)
         zeta = rng.normal(noise_keys, step, D, theta.dtype)
         theta, q = euler_step(settings.method, theta, q, g, zeta, h, B)
         step += 1
@@ -200,3 +198,37 @@ def target_grad_fn(target, keys: torch.Tensor) -> GradFn:
         return g[:, 0]
 
     return grad
+
+
+# ------------------------------------------------------------------ the algorithm API
+Settings = StaleSettings
+State = StaleState
+
+
+@dataclass(frozen=True)
+class Info:
+    """What one call of :func:`step` did: the steps taken and whether every momentum
+    stayed finite."""
+
+    steps: int
+    finite: bool
+
+
+def init(position: torch.Tensor, settings: StaleSettings) -> StaleState:
+    """A chain at ``position`` (S, D) with zero momentum (:func:`init_state`)."""
+    return init_state(position, settings)
+
+
+def step(
+    state: StaleState,
+    grad_fn: GradFn,
+    settings: StaleSettings,
+    *,
+    keys: torch.Tensor,
+    num_steps: int = 1,
+) -> tuple[StaleState, Info]:
+    """``num_steps`` steps of stale SGHMC or SGLD (:func:`advance`); ``keys`` (S,) are the
+    chains' keys (:func:`chain_keys`) and ``grad_fn`` the gradient oracle
+    (:func:`target_grad_fn`)."""
+    new = advance(state, grad_fn, num_steps, settings, keys)
+    return new, Info(num_steps, bool(torch.isfinite(new.momentum).all()))

@@ -26,6 +26,7 @@ The tables are rewritten after every stage, so a stopped run leaves valid partia
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import os
@@ -547,12 +548,10 @@ def authors_blr_samples(target, settings, theta0, seed: int, outer: int, skip=Tr
     """
     import torch
 
-    from fedhmc.algorithms.fahmc import run_round
-    from fedhmc.runtime.engine import CarryState
+    from fedhmc.algorithms.fahmc import State, run_round
 
     K, T = settings.leapfrog_steps, settings.local_steps
-    carry = CarryState(origin=theta0)
-    theta = theta0
+    state = State(theta0, 0, None, theta0)
     out = []
     # Rounds (1-based, within an outer iteration) that hold a step of the last trajectory.
     first_needed = ((T - 1) * K) // T + 1
@@ -561,14 +560,15 @@ def authors_blr_samples(target, settings, theta0, seed: int, outer: int, skip=Tr
             r = o * K + j
             if skip and j < first_needed:
                 continue
-            momentum, origin = carry.inputs(settings, r)
+            state = dataclasses.replace(state, round=r - 1)
+            momentum, origin = state.inputs(settings)
             if momentum is None and settings.starts_mid_trajectory(r):
-                momentum = torch.zeros_like(theta)  # feeds a discarded trajectory only
+                momentum = torch.zeros_like(theta0)  # feeds a discarded trajectory only
             theta, info = run_round(
-                target, theta, seed, r, settings, momentum=momentum, origin=origin
+                target, state.position, seed, r, settings, momentum=momentum, origin=origin
             )
-            carry.update(settings, r, theta, info.momentum)
-        out.append(theta)
+            state = state.advanced(settings, theta, info.momentum)
+        out.append(state.position)
     return torch.stack(out)
 
 

@@ -10,6 +10,7 @@ the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages 
 from __future__ import annotations
 
 import csv
+import dataclasses
 import json
 import math
 import signal
@@ -22,8 +23,10 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms.debiased import Anchor, debiased_round
-from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.algorithms import debiased as debiased_algorithm
+from fedhmc.algorithms import fahmc
+from fedhmc.algorithms.debiased import Anchor
+from fedhmc.algorithms.fahmc import SamplerSettings
 from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
 from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
 from fedhmc.runtime.output import RunWriter
@@ -530,39 +533,6 @@ def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
     return out
 
 
-@dataclass
-class CarryState:
-    """What the server keeps between rounds under ``--sync-unit leapfrog``: the averaged
-    momentum (to continue a trajectory in the next round) and, with restarts, the outer
-    iteration's origin X₀. Shared by the engine and the Flower ServerApp."""
-
-    momentum: torch.Tensor | None = None
-    origin: torch.Tensor | None = None
-
-    def inputs(self, settings, round_: int) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(momentum or None, origin or None) that round ``round_`` needs."""
-        momentum = self.momentum if settings.starts_mid_trajectory(round_) else None
-        return momentum, (self.origin if settings.restart else None)
-
-    def update(self, settings, round_: int, theta_bar: torch.Tensor, momentum) -> None:
-        """After round ``round_``: keep the averaged momentum, and under restarts make θ̄
-        the next origin when the round ends an outer iteration."""
-        self.momentum = momentum
-        if settings.restart and settings.ends_trajectory(round_):
-            self.origin = theta_bar
-
-    def state_dict(self) -> dict:
-        return {
-            k: None if v is None else v.detach().cpu()
-            for k, v in (("momentum", self.momentum), ("origin", self.origin))
-        }
-
-    def load_state_dict(self, state: dict, device="cpu") -> None:
-        for k in ("momentum", "origin"):
-            v = state.get(k)
-            setattr(self, k, None if v is None else v.to(device))
-
-
 def prepare(cfg: RunConfig) -> RunConfig:
     """Resolve defaults and fix the output directory."""
     cfg = cfg.resolve()
@@ -602,40 +572,35 @@ def run(
     settings = sampler_settings(cfg)
     target = problem.target
     debiased = cfg.algorithm == "fahmc-debiased"
-    anchor_target = target.with_batch_size(cfg.anchor_batch_size) if debiased else None
-    anchor = None
+    algorithm = debiased_algorithm if debiased else fahmc
+    extra = {"anchor_target": target.with_batch_size(cfg.anchor_batch_size)} if debiased else {}
     theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
-    carry = CarryState(origin=theta0 if settings.restart else None)
+    state = algorithm.init(theta0, settings)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal anchor
-        if debiased:
-            theta_bar, anchor, info = debiased_round(
-                target, anchor_target, theta_bar, anchor, cfg.seed, r, settings
-            )
-        else:
-            momentum, origin = carry.inputs(settings, r)
-            theta_bar, info = run_round(
-                target, theta_bar, cfg.seed, r, settings, momentum=momentum, origin=origin
-            )
-            carry.update(settings, r, theta_bar, info.momentum)
+        nonlocal state
+        state = dataclasses.replace(state, position=theta_bar, round=r - 1)
+        state, info = algorithm.step(state, target, settings, seed=cfg.seed, **extra)
         finite = bool(torch.isfinite(info.energy).all())
         down, up = bytes_per_round(cfg, problem.dim, r)
         stats = RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
         stats.energy_error = float(info.energy_error.mean())
-        return theta_bar, stats
+        return state.position, stats
 
     def get_state() -> dict:
-        return {
-            "carry": carry.state_dict(),
-            "anchor": None if anchor is None else anchor.correction.detach().cpu(),
-        }
+        if debiased:
+            a = state.anchor
+            return {"carry": {}, "anchor": None if a is None else a.correction.detach().cpu()}
+        return {"carry": state.carry_dict(), "anchor": None}
 
-    def set_state(state: dict) -> None:
-        nonlocal anchor
-        carry.load_state_dict(state.get("carry") or {}, device)
-        a = state.get("anchor")
-        anchor = None if a is None else Anchor(a.to(device))
+    def set_state(saved: dict) -> None:
+        nonlocal state
+        if debiased:
+            a = saved.get("anchor")
+            anchor = None if a is None else Anchor(a.to(device))
+            state = dataclasses.replace(state, anchor=anchor)
+        else:
+            state = state.with_carry(saved.get("carry") or {}, device)
 
     return run_loop(
         cfg,
@@ -654,11 +619,10 @@ def run(
 
 def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> RunResult:
     """Stale-gradient SGHMC / SGLD on the pooled data: a round is T steps, no communication."""
+    from fedhmc.algorithms import stale
     from fedhmc.algorithms.stale import (
         StaleSettings,
-        advance,
         chain_keys,
-        init_state,
         target_grad_fn,
     )
 
@@ -675,24 +639,21 @@ def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> 
     grad = target_grad_fn(target, keys)
     noise = float(cfg.grad_noise)
     if noise > 0:
-        from fedhmc.core import rng
+        from fedhmc.core import gradients
 
-        noise_keys = rng.derive(keys, rng.STREAM_GRAD_NOISE)
+        noise_keys = gradients.noise_keys(keys)
         exact = grad
 
         def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
-            return exact(theta, step) + noise * rng.normal(
-                noise_keys, step, theta.shape[-1], theta.dtype
-            )
+            return gradients.add_noise(exact(theta, step), noise_keys, step, noise)
 
     theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
-    state = init_state(theta0, settings)
+    state = stale.init(theta0, settings)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal state
-        state = advance(state, grad, cfg.local_steps, settings, keys)
-        finite = bool(torch.isfinite(state.momentum).all())
-        return state.theta, RoundStats(cfg.local_steps * cfg.chains, finite, 1, 0, 0, 0)
+        state, info = stale.step(state, grad, settings, keys=keys, num_steps=cfg.local_steps)
+        return state.theta, RoundStats(cfg.local_steps * cfg.chains, info.finite, 1, 0, 0, 0)
 
     def get_state() -> dict:
         return {

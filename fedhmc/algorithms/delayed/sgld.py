@@ -152,12 +152,57 @@ def sequential_reference(
     s = settings.validate()
     R, d = s.chains, problem.dim
     x = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
-    nk = [_keys(s.seed, STREAM_DELAYED_NOISE, p, R) for p in range(s.workers)]
-    bk = [_keys(s.seed, STREAM_DELAYED_BATCH, p, R) for p in range(s.workers)]
+    state = State(x, 0)
     snaps = [x.clone()]
-    for k in range(s.iterations):
-        deltas = torch.stack([increment(problem, s, x, nk[p], bk[p], k) for p in range(s.workers)])
-        x.add_(deltas.sum(0))
-        if (k + 1) % s.record_every == 0:
-            snaps.append(x.clone())
+    for _ in range(s.iterations):
+        state, _ = step(state, problem, s)
+        if state.iteration % s.record_every == 0:
+            snaps.append(state.position.clone())
     return torch.stack(snaps)
+
+
+# ------------------------------------------------------------------ the algorithm API
+Settings = DelayedSettings
+
+
+@dataclass(frozen=True)
+class State:
+    """The R chains X (R, d) after ``iteration`` synchronous iterations."""
+
+    position: torch.Tensor
+    iteration: int = 0
+
+
+@dataclass(frozen=True)
+class Info:
+    """One iteration: the P workers' increments (P, R, d), before they are summed."""
+
+    increments: torch.Tensor
+
+
+def init(position: torch.Tensor, settings: DelayedSettings) -> State:
+    """The chains at ``position`` (R, d), in float64."""
+    return State(position.clone().to(torch.float64), 0)
+
+
+def step(state: State, problem: Regression, settings: DelayedSettings) -> tuple[State, Info]:
+    """One ``sync`` iteration, in this process: X ← X + Σ_p (−γ ∇Ũ_p(X) + √(2σγ) G_{p,k}),
+    every worker p reading the same X with its own keys; the multi-process driver
+    (:func:`fedhmc.algorithms.delayed.driver.run_delayed`) computes the same chain in
+    ``sync`` mode."""
+    s, R, k = settings, state.position.shape[0], state.iteration
+    x = state.position
+    deltas = torch.stack(
+        [
+            increment(
+                problem,
+                s,
+                x,
+                _keys(s.seed, STREAM_DELAYED_NOISE, p, R),
+                _keys(s.seed, STREAM_DELAYED_BATCH, p, R),
+                k,
+            )
+            for p in range(s.workers)
+        ]
+    )
+    return State(x + deltas.sum(0), k + 1), Info(deltas)

@@ -8,7 +8,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # packaging
+
+ROOT = Path(__file__).resolve().parents[2]
 OUR_TOP_LEVEL = {"fedhmc", "fedhmc_datasets", "fedhmc_server", "fedhmc_clients"}
 
 

@@ -50,6 +50,7 @@ def runs(small):
     return {mode: run_delayed(small, _settings(small, mode=mode)) for mode in MODES}
 
 
+@pytest.mark.slow  # multiprocessing
 @pytest.mark.parametrize("mode", MODES)
 def test_every_mode_runs_to_completion_with_two_processes(runs, small, mode):
     r = runs[mode]
@@ -66,11 +67,13 @@ def test_every_mode_runs_to_completion_with_two_processes(runs, small, mode):
     assert _gone(r.pids)
 
 
+@pytest.mark.slow  # multiprocessing
 def test_sync_equals_the_sequential_reference(runs, small):
     ref = sequential_reference(small, _settings(small, mode="sync"))
     torch.testing.assert_close(runs["sync"].snapshots, ref, rtol=1e-12, atol=1e-12)
 
 
+@pytest.mark.slow  # multiprocessing
 def test_sync_with_the_full_data_and_three_workers_equals_the_reference(small):
     s = _settings(small, mode="sync", workers=3, batch_size=0, iterations=40, record_every=10)
     torch.testing.assert_close(
@@ -78,6 +81,7 @@ def test_sync_with_the_full_data_and_three_workers_equals_the_reference(small):
     )
 
 
+@pytest.mark.slow  # multiprocessing
 def test_a_worker_that_raises_stops_the_run_and_leaves_no_process(small):
     s = _settings(small, mode="sync", iterations=10_000, fail_at=(1, 5))
     with pytest.raises(WorkerError, match=r"worker 1 failed at iteration 5 .*injected") as e:
@@ -85,6 +89,7 @@ def test_a_worker_that_raises_stops_the_run_and_leaves_no_process(small):
     assert _gone(e.value.pids)
 
 
+@pytest.mark.slow  # multiprocessing
 def test_a_crash_in_an_async_mode_under_spawn_leaves_no_process(small):
     s = _settings(small, mode="w-con", iterations=10_000, start_method="spawn", fail_at=(0, 3))
     with pytest.raises(WorkerError, match="worker 0 failed") as e:
@@ -92,6 +97,7 @@ def test_a_crash_in_an_async_mode_under_spawn_leaves_no_process(small):
     assert _gone(e.value.pids)
 
 
+@pytest.mark.slow  # multiprocessing
 def test_a_hung_worker_times_out_and_is_terminated(small):
     s = _settings(small, mode="w-icon", iterations=10_000, timeout=1.5, hang_at=(1, 2))
     with pytest.raises(WorkerError, match="timeout") as e:
@@ -122,6 +128,7 @@ def test_posterior_closed_form_matches_direct_linear_algebra(small):
     assert g.abs().max() < 1e-8
 
 
+@pytest.mark.slow  # multiprocessing
 def test_sync_recovers_the_posterior_mean_and_the_exact_stationary_covariance():
     """Quadratic U: SGLD's stationary mean is exactly the posterior mean for any stable γ
     (minibatch noise included). With the full data, a sync iteration is SGLD with step
@@ -175,6 +182,7 @@ def test_bad_settings_are_one_line_config_errors(kw, text):
         DelayedSettings(**kw).validate()
 
 
+@pytest.mark.slow  # multiprocessing
 def test_delayed_sgld_preset_quick(tmp_path):
     import json
 

@@ -6,7 +6,9 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # notebooks
+
+ROOT = Path(__file__).resolve().parents[2]
 
 nbformat = pytest.importorskip("nbformat", reason="nbformat is not installed")
 pytest.importorskip("nbclient", reason="nbclient is not installed")

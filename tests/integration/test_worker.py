@@ -17,7 +17,7 @@ from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
 from fedhmc.runtime.config import RunConfig
 
-pytestmark = pytest.mark.skipif(os.name != "posix", reason="Unix sockets")
+pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="Unix sockets")]
 
 
 @pytest.fixture

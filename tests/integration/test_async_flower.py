@@ -30,6 +30,8 @@ from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import run
 
+pytestmark = pytest.mark.slow  # Flower
+
 Z = 5.0
 M, V = 2.0, 0.5
 

@@ -25,7 +25,9 @@ from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import run, sampler_settings
 from fedhmc.runtime.problem import build_problem
 
-ROOT = Path(__file__).resolve().parents[1]
+pytestmark = pytest.mark.slow  # Flower
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 class InProcessGrid(LocalGrid):

@@ -49,6 +49,7 @@ def test_grid_parsing_and_cell_ids(tmp_path):
     assert grid == {"step-size": [0.005, 0.01], "seed": [0]} and base == {"rounds": 3}
 
 
+@pytest.mark.slow  # multiprocessing
 def test_two_workers_give_the_same_table_and_resume_skips_done_cells(tmp_path, capsys):
     one, two = tmp_path / "one", tmp_path / "two"
     assert _sweep(two, "--workers", "2") == 0
@@ -79,6 +80,7 @@ def test_two_workers_give_the_same_table_and_resume_skips_done_cells(tmp_path, c
     assert _strip(read_table(one / "results.csv")) == _strip(rows1)
 
 
+@pytest.mark.slow  # multiprocessing
 def test_killed_sweep_resumes_with_the_missing_cells_only(tmp_path, capsys):
     out = tmp_path / "killed"
     args = ["sweep", "--grid", GRID, "--rounds", "8", "--local-steps", "2"]
@@ -244,6 +246,7 @@ def _alive(pid: int) -> bool:
     return fields[0] != "Z"
 
 
+@pytest.mark.slow  # multiprocessing
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and prctl")
 def test_workers_die_with_a_killed_sweep_and_the_folder_is_locked(tmp_path, capsys):
     out = tmp_path / "locked"
