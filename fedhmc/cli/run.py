@@ -19,14 +19,9 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = resume_config(args.resume_dir, given)
     else:
         cfg = config_from_args(args)
-    if cfg.backend == "flower":
-        from fedhmc_server.simulation import run_flower  # lazy: the core never imports flwr
+    from fedhmc.runtime.backends import run_config
 
-        result = run_flower(cfg, progress=not args.quiet)
-    else:
-        from fedhmc.runtime.engine import run
-
-        result = run(cfg, progress=not args.quiet)
+    result = run_config(cfg, progress=not args.quiet)
     if not args.quiet:
         print_final_table(result)
     return 0

@@ -64,20 +64,14 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
+        from fedhmc.runtime.backends import run_config
         from fedhmc.runtime.engine import prepare, resume_or_replace
 
         cell = {**settings, "out": cell_dir}
         if cell.get("tensorboard"):  # one TensorBoard run per cell
             cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
         cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
-        if cfg.backend == "flower":
-            from fedhmc_server.simulation import run_flower  # lazy: core never imports flwr
-
-            run_flower(cfg, progress=False)
-        else:
-            from fedhmc.runtime.engine import run
-
-            run(cfg, progress=False)
+        run_config(cfg, progress=False)
     except RunInterrupted as e:
         status, error = "interrupted", str(e)
         if _PARENT is not None and os.getppid() != _PARENT:

@@ -123,3 +123,12 @@ def test_delayed_step_is_the_sync_chain():
     assert info.increments.shape == (2, 3, problem.dim)
     ref = delayed.sequential_reference(problem, s)
     assert torch.equal(state.position, ref[-1])
+
+
+def test_the_built_in_targets_and_models_meet_the_protocols():
+    from fedhmc.models.nets import MLP, LogisticRegression
+    from fedhmc.models.protocols import Model, Target
+
+    assert isinstance(hetero_gaussian(3, 4), Target)
+    assert isinstance(LogisticRegression(4, 3), Model) and isinstance(MLP(4, 3, (5,)), Model)
+    assert not isinstance(object(), Target)

@@ -1,0 +1,59 @@
+"""What the samplers expect of a target and a model, as typed Protocols.
+
+Any object with these methods can be sampled: :class:`~fedhmc.models.targets.DataTarget`
+(data on clients) and :class:`~fedhmc.models.targets.GaussianTarget` (the synthetic
+Gaussian) are the two built in. ``isinstance(x, Target)`` checks the methods' presence.
+"""
+
+from __future__ import annotations
+
+from typing import Protocol, runtime_checkable
+
+import torch
+
+
+@runtime_checkable
+class Target(Protocol):
+    """A federated target: N clients with energies f^(c) and weights w_c (Σ w_c = 1), so
+    that the pooled energy is f = Σ_c w_c f^(c)."""
+
+    num_clients: int
+    weights: torch.Tensor
+    dtype: torch.dtype
+
+    def grad(
+        self, theta: torch.Tensor, keys: torch.Tensor, index: int, need_energy: bool = True
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Minibatch gradients ∇f̃^(c) at positions ``theta`` (S, N, D), one per chain and
+        client, the minibatch of evaluation ``index`` drawn from ``keys`` (S, N); and the
+        minibatch energies (S, N) when ``need_energy``."""
+        ...
+
+    def client(self, c: int) -> Target:
+        """Client ``c`` alone: a one-client target that draws what client c draws here."""
+        ...
+
+    def with_batch_size(self, batch_size: int) -> Target:
+        """The same target at another minibatch size (0: full batch)."""
+        ...
+
+    def prefetch(
+        self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
+    ) -> None:
+        """A hint that evaluations ``start`` … ``start + count − 1`` come next (may do nothing)."""
+        ...
+
+
+@runtime_checkable
+class Model(Protocol):
+    """A model whose parameters are a flat vector θ (D,), batched over chains."""
+
+    dim: int
+
+    def prepare(self, X: torch.Tensor) -> torch.Tensor:
+        """Features as the model consumes them."""
+        ...
+
+    def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """Class log-probabilities (S, n, classes) of ``X`` under each chain's θ (S, D)."""
+        ...
