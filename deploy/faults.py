@@ -407,7 +407,7 @@ SuperNode authentication, 3 SuperNodes with their warm workers, `digits`, `local
 `leapfrog-steps=3`, `on-failure="renormalize"`, `checkpoint-every=1`), breaks something while
 a run is in flight and records what happened round by round (`faults.json` has every
 round). Measured on a 2-core machine that was running other jobs at the same time. What
-each failure means for a user is in [deploy/README.md](../../../deploy/README.md), "When
+each failure means for a user is in `deploy/README.md`, "When
 things fail".
 
 """
