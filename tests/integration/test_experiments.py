@@ -238,6 +238,7 @@ def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path
         assert torch.equal(x, engine)
 
 
+@pytest.mark.slow  # an experiment preset end to end
 @pytest.mark.slow
 def test_paper_blr_t_quick(tmp_path, monkeypatch):
     monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))

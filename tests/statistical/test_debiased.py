@@ -117,6 +117,7 @@ def test_engine_runs_debiased_and_counts_its_bytes(tmp_path, anchor_batch):
     assert 0.0 <= result.final["accuracy"] <= 1.0
 
 
+@pytest.mark.slow  # an experiment preset end to end
 def test_debiased_gaussian_experiment_quick(tmp_path, capsys):
     from fedhmc.cli.main import main
 
