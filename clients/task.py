@@ -10,25 +10,10 @@ from __future__ import annotations
 import torch
 
 from fedhmc.algorithms.debiased import client_anchor_gradient
-from fedhmc.algorithms.fahmc import SamplerSettings, client_seed, client_update
+from fedhmc.algorithms.fahmc import client_seed, client_update
+from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
-
-# Every sampler setting travels in the round's ConfigRecord: the server is authoritative.
-SETTING_KEYS = (
-    "local-steps",
-    "leapfrog-steps",
-    "step-size",
-    "rho",
-    "batch-size",
-    "grad-noise",
-    "prior-std",
-    "temperature",
-    "sync-unit",
-    "fresh-gradients",
-    "restart-trajectories",
-    "minibatch",
-)
 
 _TARGETS: dict[tuple, tuple] = {}
 # Debiased FA-HMC: this process's last local gradient at the position it was sent, keyed by
@@ -113,24 +98,10 @@ def local_update(
         end momentum (S, D) under ``sync-unit = leapfrog`` (else None), and the mean |ΔH|
         per leapfrog trajectory over the chains (the health check's input).
     """
-    settings = {k: round_config[k] for k in SETTING_KEYS}
-    cfg = cfg.replace(
-        batch_size=int(settings["batch-size"]),
-        prior_std=float(settings["prior-std"]),
-        minibatch=str(settings["minibatch"]),
-    )
+    # Every sampler setting travels in the round's settings: the server is authoritative.
+    cfg = wire.apply_data(cfg, round_config)
     target, n_c = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
-    s = SamplerSettings(
-        step_size=float(settings["step-size"]),
-        leapfrog_steps=int(settings["leapfrog-steps"]),
-        local_steps=int(settings["local-steps"]),
-        rho=float(settings["rho"]),
-        grad_noise=float(settings["grad-noise"]),
-        temperature=float(settings["temperature"]),
-        sync_unit=str(settings["sync-unit"]),
-        fresh_gradients=bool(settings["fresh-gradients"]),
-        restart=bool(settings["restart-trajectories"]),
-    )
+    s = wire.decode_sampler(round_config)
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     dtype = torch_dtype(cfg)
     theta_bar = torch.as_tensor(theta_bar).to(dtype)
@@ -167,9 +138,7 @@ def anchor_step(
     gives this client's ∇f^(c)(θ_a). The returned local gradient is ∇f^(c)(θ̄) under this
     round's anchor key: the server averages it into the next round's ∇f(θ_a).
     """
-    cfg = cfg.replace(
-        batch_size=int(round_config["batch-size"]), prior_std=float(round_config["prior-std"])
-    )
+    cfg = wire.apply_data(cfg, round_config, ("batch-size", "prior-std"))
     target, _ = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
     anchor_target = target.with_batch_size(int(round_config["anchor-batch-size"]))
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
@@ -210,7 +179,7 @@ def async_gradient(
     from fedhmc.algorithms.async_sgmcmc import worker_gradient, worker_key
     from fedhmc.runtime.problem import async_worker_target
 
-    cfg = cfg.replace(batch_size=int(config["batch-size"]), prior_std=float(config["prior-std"]))
+    cfg = wire.apply_data(cfg, config, ("batch-size", "prior-std"))
     num_total = int(config["num-examples-total"])
     key = ("async", *_target_key(cfg, partition_id, num_total))
     if key not in _TARGETS:  # loaded once per process, as partition_target's

@@ -37,6 +37,7 @@ from fedhmc.algorithms.async_sgmcmc import (
 )
 from fedhmc.algorithms.stale import chain_keys
 from fedhmc.errors import ConfigError, FedHMCError
+from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import RoundStats, RunResult, prepare, run_loop
 from fedhmc.runtime.output import write_csv_atomic
@@ -73,18 +74,8 @@ class AsyncServer:
 
     # ------------------------------------------------------------------ messages
     def _config(self, nid: int, chain: int, t: int) -> ConfigRecord:
-        cfg = self.cfg
         return ConfigRecord(
-            {
-                "algorithm": str(cfg.algorithm),
-                "chain": int(chain),
-                "timestamp": int(t),
-                "request": int(self.requests[nid]),
-                "num-examples-total": int(self.num_total),
-                "batch-size": int(cfg.batch_size),
-                "prior-std": float(cfg.prior_std),
-                "grad-noise": float(cfg.grad_noise),
-            }
+            wire.encode_async(self.cfg, chain, t, int(self.requests[nid]), self.num_total)
         )
 
     def send(self, nids: list[int]) -> None:

@@ -21,9 +21,9 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
 from fedhmc.errors import FedHMCError
+from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import (
     RoundStats,
@@ -54,29 +54,8 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 
 
 def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
-    """The round's ConfigRecord (plain Python values: ConfigRecord rejects numpy scalars)."""
-    return ConfigRecord(
-        {
-            "round": int(round_),
-            "round-seed": int(round_seed(cfg.seed, round_)),
-            "num-examples-total": int(num_total),
-            "chains": int(cfg.chains),
-            "local-steps": int(cfg.local_steps),
-            "leapfrog-steps": int(cfg.leapfrog_steps),
-            "step-size": float(cfg.step_size),
-            "rho": float(cfg.rho),
-            "batch-size": int(cfg.batch_size),
-            "grad-noise": float(cfg.grad_noise),
-            "prior-std": float(cfg.prior_std),
-            "temperature": float(cfg.temperature),
-            "sync-unit": str(cfg.sync_unit),
-            "fresh-gradients": bool(cfg.fresh_gradients),
-            "restart-trajectories": bool(cfg.restart_trajectories),
-            "minibatch": str(cfg.minibatch),
-            "algorithm": str(cfg.algorithm),
-            "anchor-batch-size": int(cfg.anchor_batch_size),
-        }
-    )
+    """The round's ConfigRecord (:func:`fedhmc.runtime.wire.encode_round`)."""
+    return ConfigRecord(wire.encode_round(cfg, round_, num_total))
 
 
 def _record_bytes(content: RecordDict) -> int:

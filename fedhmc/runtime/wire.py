@@ -1,0 +1,75 @@
+"""What a Flower message carries besides the arrays, declared once: the round's settings
+(sent by the ServerApp, read by the ClientApp) and an asynchronous worker's request.
+
+The server is authoritative for every sampler setting, so a client never runs a round with
+settings of its own. These are plain dicts of Python scalars (what Flower's ConfigRecord
+holds); the Flower layer wraps them. Keys are kebab-case, as in Flower's run config.
+"""
+
+from __future__ import annotations
+
+from fedhmc.algorithms.fahmc import SamplerSettings, round_seed
+from fedhmc.runtime.config import RunConfig
+
+SAMPLER = {
+    # wire key: (SamplerSettings field, RunConfig field, type)
+    "local-steps": ("local_steps", "local_steps", int),
+    "leapfrog-steps": ("leapfrog_steps", "leapfrog_steps", int),
+    "step-size": ("step_size", "step_size", float),
+    "rho": ("rho", "rho", float),
+    "grad-noise": ("grad_noise", "grad_noise", float),
+    "temperature": ("temperature", "temperature", float),
+    "sync-unit": ("sync_unit", "sync_unit", str),
+    "fresh-gradients": ("fresh_gradients", "fresh_gradients", bool),
+    "restart-trajectories": ("restart", "restart_trajectories", bool),
+}
+"""The sampler settings of a round."""
+
+DATA = {
+    # wire key: (RunConfig field, type)
+    "batch-size": ("batch_size", int),
+    "prior-std": ("prior_std", float),
+    "minibatch": ("minibatch", str),
+}
+"""The settings of a client's target that the server decides."""
+
+
+def encode_round(cfg: RunConfig, round_: int, num_total: int) -> dict:
+    """Round ``round_``'s settings: its number and seed, n, the chains, the algorithm, and
+    every sampler and data setting."""
+    out = {
+        "round": int(round_),
+        "round-seed": int(round_seed(cfg.seed, round_)),
+        "num-examples-total": int(num_total),
+        "chains": int(cfg.chains),
+        "algorithm": str(cfg.algorithm),
+        "anchor-batch-size": int(cfg.anchor_batch_size),
+    }
+    out.update({k: t(getattr(cfg, f)) for k, (_, f, t) in SAMPLER.items()})
+    out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
+    return out
+
+
+def decode_sampler(message: dict) -> SamplerSettings:
+    """The :class:`SamplerSettings` a round's settings describe."""
+    return SamplerSettings(**{field: t(message[k]) for k, (field, _, t) in SAMPLER.items()})
+
+
+def apply_data(cfg: RunConfig, message: dict, keys=tuple(DATA)) -> RunConfig:
+    """``cfg`` with the data settings ``keys`` taken from the message."""
+    return cfg.replace(**{DATA[k][0]: DATA[k][1](message[k]) for k in keys})
+
+
+def encode_async(cfg: RunConfig, chain: int, timestamp: int, request: int, num_total: int):
+    """An asynchronous worker's request: the chain, the θ's timestamp, the request counter
+    (which selects the minibatch), n, and the settings the gradient depends on."""
+    return {
+        "algorithm": str(cfg.algorithm),
+        "chain": int(chain),
+        "timestamp": int(timestamp),
+        "request": int(request),
+        "num-examples-total": int(num_total),
+        "batch-size": int(cfg.batch_size),
+        "prior-std": float(cfg.prior_std),
+        "grad-noise": float(cfg.grad_noise),
+    }
