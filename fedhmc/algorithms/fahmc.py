@@ -336,8 +336,7 @@ def local_iterations(
             # The energy is only needed once a round, to stop a diverging chain.
             need_energy = base + k == total - 1
             g, energy = target.grad(th, keys_batch, offset + base + k, need_energy)
-            if correction is not None:
-                g = g.add_(correction)
+            g = gradients.corrected(g, correction, inplace=True)
             g = gradients.add_noise(g, keys_noise, base + k, sigma, inplace=True)
             g = gradients.tempered(g, settings.temperature, inplace=True)
             if need_energy:

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from fedhmc.errors import ConfigError
 from fedhmc.experiments import EXPERIMENTS
+from fedhmc.sweep.table import fmt
 
 
 def add_experiment_command(sub) -> None:
@@ -75,12 +76,6 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         print("  ".join(f"{k:>12}" for k in keys))
         for r in rows:
-            print("  ".join(f"{_fmt(r.get(k, '')):>12}" for k in keys))
+            print("  ".join(f"{fmt(r.get(k, '')):>12}" for k in keys))
     print(f"files in {out}")
     return 0
-
-
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v)

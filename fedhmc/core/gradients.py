@@ -1,6 +1,6 @@
-"""What the samplers do to a gradient before using it: injected noise and the posterior
-temperature. One implementation, used by FA-HMC, stale and asynchronous SG-MCMC and the
-Flower workers, so every path draws the same noise and scales the same way.
+"""What the samplers do to a gradient before using it: a control variate, injected noise
+and the posterior temperature. One implementation, used by FA-HMC, stale and asynchronous
+SG-MCMC and the Flower workers, so every path draws the same noise and scales the same way.
 
 The in-place forms (``inplace=True``) are what the batched FA-HMC engine uses on its own
 buffers; the out-of-place forms leave their input alone. The two are kept exactly as each
@@ -14,6 +14,14 @@ import torch
 
 from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_GRAD_NOISE
+
+
+def corrected(g: torch.Tensor, correction: torch.Tensor | None, inplace: bool = False):
+    """g + c: a control variate c added to a stochastic gradient (debiased FA-HMC's
+    c = ∇f(θ_a) − ∇f^(c)(θ_a)). None: g itself."""
+    if correction is None:
+        return g
+    return g.add_(correction) if inplace else g + correction
 
 
 def noise_keys(keys: torch.Tensor) -> torch.Tensor:

@@ -8,6 +8,8 @@ import csv
 import json
 from pathlib import Path
 
+from fedhmc.viz.plots import new_figure
+
 
 def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
     from fedhmc.runtime.output import write_csv_atomic, write_text_atomic
@@ -15,15 +17,6 @@ def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
     out_dir.mkdir(parents=True, exist_ok=True)
     write_csv_atomic(out_dir / f"{name}.csv", rows)
     write_text_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2) + "\n")
-
-
-def _figure(width: float = 6.0, height: float = 4.0):
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(width, height))
-    FigureCanvasAgg(fig)
-    return fig
 
 
 PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
@@ -87,7 +80,7 @@ def _num(v: str):
 
 def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: dict | None):
     metrics = [m for m in ("accuracy", "brier", "ece", "nll_sum") if m in rows[0]]
-    fig = _figure(3.2 * len(metrics), 3.2)
+    fig = new_figure(3.2 * len(metrics), 3.2)
     axes = fig.subplots(1, len(metrics))
     values = sorted({r[hue] for r in rows})
     for ax, m in zip(axes, metrics, strict=True):

@@ -12,7 +12,8 @@ from pathlib import Path
 import torch
 
 from fedhmc.errors import ConfigError
-from fedhmc.experiments._common import ALGORITHM3, _figure, _write
+from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.viz.plots import new_figure
 
 
 def blr_config(dim: int, chains: int, seed: int, K: int, eta: float, **extra):
@@ -171,7 +172,7 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     }
     file = name.replace("-", "_")
     _write(out_dir, file, rows, summary)
-    fig = _figure(4.5 * len(noises), 3.6)
+    fig = new_figure(4.5 * len(noises), 3.6)
     axes = fig.subplots(1, len(noises), squeeze=False)[0]
     for ax, noise in zip(axes, noises, strict=True):
         for algo, label in (("fahmc", "FA-HMC"), ("fald", "FA-LD")):
@@ -324,7 +325,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     }
     _write(out_dir, "blr_T", rows, summary)
     _write(out_dir, "blr_T_curves", curve_rows, {"experiment": "blr-T", "curves": "me per round"})
-    fig = _figure(10.0, 3.8)
+    fig = new_figure(10.0, 3.8)
     ax1, ax2 = fig.subplots(1, 2)
     for T in Ts:
         ax1.plot(*zip(*curves[T], strict=True), label=f"T = {T}")

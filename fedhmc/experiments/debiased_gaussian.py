@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.experiments._common import ALGORITHM3, _figure, _write
+from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.viz.plots import new_figure
 
 
 def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
@@ -80,7 +81,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
         "rows": rows,
     }
     _write(out_dir, "debiased_gaussian", rows, summary)
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     for variant, color in (("fahmc", "tab:red"), ("fahmc-debiased", "tab:blue")):
         sel = [r for r in rows if r["algorithm"] == variant]

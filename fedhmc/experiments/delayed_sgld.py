@@ -161,16 +161,14 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
 
 
 def _plots(out_dir: Path, curves: list[dict], scales, floor: float, eps: float) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
+    from fedhmc.viz.plots import new_figure
 
     colors = {"sync": "C0", "w-con": "C1", "w-icon": "C2"}
     for xkey, xlabel, name in (
         ("iteration", "iterations per worker", "delayed_sgld_iterations.png"),
         ("wall_s", "wall time (s, from the workers' start)", "delayed_sgld_wall.png"),
     ):
-        fig = Figure(figsize=(9.0, 3.2 * len(scales) + 0.4))
-        FigureCanvasAgg(fig)
+        fig = new_figure(9.0, 3.2 * len(scales) + 0.4)
         axes = fig.subplots(len(scales), 2, sharey=True, squeeze=False)
         for row, c in zip(axes, scales, strict=True):
             for ax, P in zip(row, (2, 4), strict=True):

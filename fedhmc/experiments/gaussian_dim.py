@@ -7,7 +7,8 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.experiments._common import ALGORITHM3, _figure, _write
+from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.viz.plots import new_figure
 
 
 def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
@@ -69,7 +70,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
         "rows": rows,
     }
     _write(out_dir, "gaussian_dim", rows, summary)
-    fig = _figure(8.0, 3.6)
+    fig = new_figure(8.0, 3.6)
     ax1, ax2 = fig.subplots(1, 2)
     ds = [r["dim"] for r in rows]
     ax1.plot(ds, [r["rounds_squared"] for r in rows], "o-")

@@ -486,12 +486,10 @@ def markdown_table(summary: dict) -> str:
 
 
 def _plot(stem: Path, fig: Figure, curves: list[dict]) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as MplFigure
+    from fedhmc.viz.plots import new_figure
 
     for x in ("round", "grad_evals"):
-        f = MplFigure(figsize=(13, 3.4))
-        FigureCanvasAgg(f)
+        f = new_figure(13, 3.4)
         axes = f.subplots(1, len(METRICS))
         for ax, m in zip(axes, METRICS, strict=True):
             for protocol, ls in (("authors", "-"), ("algorithm3", ":")):
@@ -809,11 +807,9 @@ def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
 
 
 def _plot_blr(path: Path, summary: dict, curves: dict, Ts) -> None:
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure as MplFigure
+    from fedhmc.viz.plots import new_figure
 
-    f = MplFigure(figsize=(15, 3.8))
-    FigureCanvasAgg(f)
+    f = new_figure(15, 3.8)
     ax1, ax2, ax3, ax4 = f.subplots(1, 4)
     for ax, protocol in ((ax1, "authors"), (ax2, "algorithm3")):
         for i, T in enumerate(Ts):

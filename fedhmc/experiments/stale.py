@@ -8,7 +8,8 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.experiments._common import _figure, _write
+from fedhmc.experiments._common import _write
+from fedhmc.viz.plots import new_figure
 
 
 def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
@@ -91,7 +92,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         "rows": rows,
     }
     _write(out_dir, "stale_gaussian", rows, summary)
-    fig = _figure(9.0, 3.6)
+    fig = new_figure(9.0, 3.6)
     ax1, ax2 = fig.subplots(1, 2)
     for tau, (xs, ys) in curves.items():
         ax1.loglog(xs, ys, label=f"τ = {tau}")
@@ -196,7 +197,7 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         "rows": rows,
     }
     _write(out_dir, "stale_variance", rows, summary)
-    fig = _figure(6.0, 4.0)
+    fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot()
     for W, (xs, ys) in curves.items():
         ax.loglog(xs, ys, label=f"W = {W}")

@@ -232,7 +232,8 @@ def _sort_key(values: tuple) -> tuple:
     return tuple((0, v, "") if isinstance(v, int | float) else (1, 0, str(v)) for v in values)
 
 
-def _fmt(v) -> str:
+def fmt(v) -> str:
+    """A value as the tables print it: floats to 4 significant digits."""
     if isinstance(v, float):
         return "nan" if math.isnan(v) else f"{v:.4g}"
     return str(v)
@@ -241,7 +242,7 @@ def _fmt(v) -> str:
 def _fmt_ms(mean: float, std: float) -> str:
     if math.isnan(mean):
         return "—"
-    return _fmt(mean) if math.isnan(std) else f"{_fmt(mean)} ± {std:.2g}"
+    return fmt(mean) if math.isnan(std) else f"{fmt(mean)} ± {std:.2g}"
 
 
 def format_summary(summary: dict) -> str:
@@ -251,7 +252,7 @@ def format_summary(summary: dict) -> str:
         return "no completed cell to summarise"
     header = [*keys, "seeds", *metrics]
     body = [
-        [_fmt(g["settings"][k]) for k in keys]
+        [fmt(g["settings"][k]) for k in keys]
         + [str(g["n"])]
         + [_fmt_ms(*g["stats"][m]) for m in metrics]
         for g in groups
@@ -264,7 +265,7 @@ def format_summary(summary: dict) -> str:
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
     for m, i in summary["best"].items():
         g = groups[i]
-        where = " ".join(f"{k}={_fmt(v)}" for k, v in g["settings"].items()) or "(one group)"
+        where = " ".join(f"{k}={fmt(v)}" for k, v in g["settings"].items()) or "(one group)"
         rule = "lowest" if is_lower_better(m) else "highest"
         lines.append(f"best {m} ({rule}): {where}: {_fmt_ms(*g['stats'][m])}")
     return "\n".join(lines)
@@ -329,7 +330,7 @@ def format_selection(sel: dict) -> str:
     if not sel["selected"]:
         return lines[0] + " no completed cell"
     cols = list(sel["selected"][0])
-    body = [[_fmt(r[c]) for c in cols] for r in sel["selected"]]
+    body = [[fmt(r[c]) for c in cols] for r in sel["selected"]]
     widths = [max(len(c), *(len(b[i]) for b in body)) for i, c in enumerate(cols)]
     lines.append("  " + "  ".join(c.rjust(w) for c, w in zip(cols, widths, strict=True)))
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]

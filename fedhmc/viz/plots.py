@@ -53,7 +53,9 @@ def default_metric(rows: list[dict]) -> str:
     return metric
 
 
-def _figure(width: float = 6.0, height: float = 4.0):
+def new_figure(width: float = 6.0, height: float = 4.0):
+    """A matplotlib Figure on the Agg canvas: no display, no global pyplot state, so safe in
+    worker processes and tests. Every figure fedhmc draws starts here."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
     from matplotlib.figure import Figure
 
@@ -157,7 +159,7 @@ def plot(
     if not rows:
         raise ConfigError("the table has no completed cell with metrics")
 
-    fig = _figure()
+    fig = new_figure()
     ax = fig.add_subplot()
     seeds = len({r.get("seed") for r in rows})
     band = "±1 std over seeds" if seeds > 1 else "one seed"
@@ -242,7 +244,7 @@ def plot_metrics(rows: list[dict], out_stem, *, hue: str | None = None) -> list[
         raise ConfigError("the table has no metric column to plot against rounds")
     cols = min(3, len(present))
     nrows = math.ceil(len(present) / cols)
-    fig = _figure()
+    fig = new_figure()
     fig.set_size_inches(4.2 * cols, 3.0 * nrows)
     axes = fig.subplots(nrows, cols, squeeze=False)
     lines = _lines(rows, hue, None)
