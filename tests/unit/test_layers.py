@@ -32,7 +32,8 @@ LAYERS = [
     ("viz", ["fedhmc.viz"]),
     ("experiments", ["fedhmc.experiments"]),
     ("cli", ["fedhmc.cli"]),
-    ("package", ["fedhmc"]),  # fedhmc/__init__.py and __main__.py: the public entry points
+    # fedhmc/__init__.py, __main__.py and the shims of the earlier layout (fedhmc.config, …)
+    ("package", ["fedhmc"]),
 ]
 
 
@@ -160,3 +161,25 @@ def test_the_rules_can_fail():
     assert rank("fedhmc.core.rng") < rank("fedhmc.runtime.engine")
     assert rank("fedhmc_datasets.mnist") < rank("fedhmc.models.targets")
     assert rank("fedhmc.cli.main") > rank("fedhmc_server.app")
+
+
+@pytest.mark.parametrize(
+    "old, new, name",
+    [
+        ("fedhmc.config", "fedhmc.runtime.config", "RunConfig"),
+        ("fedhmc.engine", "fedhmc.runtime.engine", "run"),
+        ("fedhmc.sampler", "fedhmc.algorithms.fahmc", "run_round"),
+        ("fedhmc.targets", "fedhmc.models.targets", "hetero_gaussian"),
+    ],
+)
+def test_the_earlier_documented_imports_still_work_and_say_where_to_go(old, new, name):
+    import importlib
+    import sys
+    import warnings
+
+    sys.modules.pop(old, None)
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        mod = importlib.import_module(old)
+    assert getattr(mod, name) is getattr(importlib.import_module(new), name)
+    assert any(new in str(w.message) for w in caught)
