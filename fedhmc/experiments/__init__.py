@@ -10,12 +10,19 @@ from __future__ import annotations
 from collections.abc import Callable
 from pathlib import Path
 
-from fedhmc.experiments.blr import blr_d10, blr_eta, blr_t
+from fedhmc.experiments.blr_d10 import blr_d10
+from fedhmc.experiments.blr_eta import blr_eta
+from fedhmc.experiments.blr_t import blr_t
+from fedhmc.experiments.cifar2 import cifar2
 from fedhmc.experiments.debiased_gaussian import debiased_gaussian
 from fedhmc.experiments.delayed_sgld import delayed_sgld_experiment
-from fedhmc.experiments.fmnist import cifar2, fmnist_k, fmnist_mlp, fmnist_t, kmnist
+from fedhmc.experiments.fmnist_k import fmnist_k
+from fedhmc.experiments.fmnist_mlp import fmnist_mlp
+from fedhmc.experiments.fmnist_t import fmnist_t
 from fedhmc.experiments.gaussian_dim import gaussian_dim
-from fedhmc.experiments.stale import stale_gaussian, stale_variance
+from fedhmc.experiments.kmnist import kmnist
+from fedhmc.experiments.stale_gaussian import stale_gaussian
+from fedhmc.experiments.stale_variance import stale_variance
 
 EXPERIMENTS: dict[str, tuple[Callable, str]] = {
     "delayed-sgld": (

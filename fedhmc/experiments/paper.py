@@ -604,7 +604,8 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
 
     from fedhmc.algorithms.fahmc import SamplerSettings
     from fedhmc.analysis.metrics import wasserstein1_marginals
-    from fedhmc.experiments.blr import blr_config, blr_reference, evaluation_rounds, rounds_to_reach
+    from fedhmc.experiments.blr import blr_config, blr_reference
+    from fedhmc.experiments.blr_t import evaluation_rounds, rounds_to_reach
     from fedhmc.runtime.problem import build_problem
 
     budget = "quick" if quick else "full" if full else "reduced"

@@ -107,7 +107,7 @@ def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypa
 
 
 def test_rounds_to_reach():
-    from fedhmc.experiments.blr import rounds_to_reach
+    from fedhmc.experiments.blr_t import rounds_to_reach
 
     assert rounds_to_reach([(1, 0.5), (2, 0.3), (3, 0.2), (4, 0.25)], 0.3) == 2
     assert rounds_to_reach([(1, 0.5), (2, 0.4)], 0.3) is None
@@ -116,7 +116,7 @@ def test_rounds_to_reach():
 
 
 def test_evaluation_rounds_are_every_round_then_geometric():
-    from fedhmc.experiments.blr import evaluation_rounds
+    from fedhmc.experiments.blr_t import evaluation_rounds
 
     assert evaluation_rounds(7) == [1, 2, 3, 4, 5, 6, 7]
     long = evaluation_rounds(5000)
@@ -144,7 +144,7 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
         for r in csv.DictReader(f):
             curves.setdefault(int(r["T"]), []).append((int(r["round"]), float(r["me"])))
     # The reported rounds are those of the recorded curves.
-    from fedhmc.experiments.blr import rounds_to_reach
+    from fedhmc.experiments.blr_t import rounds_to_reach
 
     for row in rows:
         for i, e in enumerate(eps):

@@ -211,7 +211,8 @@ def test_bad_stale_options_exit_with_one_line(args, needle, capsys, tmp_path):
 def test_stale_experiments_quick(tmp_path):
     import json
 
-    from fedhmc.experiments.stale import stale_gaussian, stale_variance
+    from fedhmc.experiments.stale_gaussian import stale_gaussian
+    from fedhmc.experiments.stale_variance import stale_variance
 
     rows = stale_gaussian(tmp_path / "g", quick=True)["rows"]
     mse = [r["mse"] for r in rows]

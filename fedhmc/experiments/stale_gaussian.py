@@ -1,4 +1,6 @@
-"""``stale-gaussian`` and ``stale-variance``: stale-gradient SG-MCMC (Chen et al. §5.1)."""
+"""``stale-gaussian``: MSE of stale SGHMC against the staleness τ at L = L₀·τ (Chen et al.
+§5.1).
+"""
 
 from __future__ import annotations
 
@@ -111,100 +113,4 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     fig.suptitle("Stale SGHMC on the Gaussian model of Chen et al. §5.1", fontsize=10)
     fig.tight_layout()
     fig.savefig(out_dir / "stale_gaussian.png", dpi=120)
-    return summary
-
-
-def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
-    """Chen et al. (2016) §5.1: variance of the sample-average test loss against iterations
-    per worker, for W workers whose gradients are stale by W − 1.
-
-    Bayesian logistic regression on scikit-learn's breast-cancer data (the paper's a9a is
-    not available offline), pooled, prior N(0, I), minibatch 32. W asynchronous workers in
-    round-robin order are modelled as one chain with fixed staleness τ = W − 1 that makes W
-    updates per worker iteration: after L̄ iterations per worker the chain has taken W·L̄
-    steps. The test function is the mean test-set logistic loss of the current sample; φ̂
-    is its running average over the steps after a common burn-in, and its variance across
-    100 chains is reported against L̄. Sampler: SGLD, h = 2e-5 (small enough to stay
-    stable at τ = 15). Theory: the variance does not depend on τ, so at the same L̄ it
-    falls about W times faster: a linear speed-up in W.
-    """
-    from fedhmc.algorithms.stale import (
-        StaleSettings,
-        advance,
-        chain_keys,
-        init_state,
-        target_grad_fn,
-    )
-    from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.problem import build_problem
-
-    workers = (1, 2, 4) if quick else (1, 2, 4, 8, 16)
-    per_worker = 100 if quick else 1000
-    burn = 200 if quick else 2000
-    chains = 20 if quick else 100
-    h = 2e-5
-    cfg = RunConfig(
-        dataset="breast-cancer",
-        algorithm="sgld",
-        batch_size=32,
-        chains=chains,
-        seed=seed,
-        prior_std=0.1,
-    ).resolve()
-    problem = build_problem(cfg)
-    target, model = problem.target, problem.model
-    X_test, y_test = problem.evaluator.X, problem.evaluator.y
-    keys = chain_keys(seed, chains)
-    grad = target_grad_fn(target, keys)
-
-    def test_loss(theta: torch.Tensor) -> torch.Tensor:
-        lp = model.log_probs(theta, X_test.to(theta.dtype))  # (S, M, C)
-        return -lp.gather(-1, y_test.view(1, -1, 1).expand(theta.shape[0], -1, 1)).mean((1, 2))
-
-    warm = StaleSettings("sgld", h)
-    start = advance(init_state(torch.zeros(chains, target.dim), warm), grad, burn, warm, keys)
-    rows, curves = [], {}
-    for W in workers:
-        settings = StaleSettings("sgld", h, staleness=W - 1)
-        state = init_state(start.theta, settings)
-        state.step = start.step
-        total = torch.zeros(chains, dtype=torch.float64)
-        xs, ys = [], []
-        t0 = time.perf_counter()
-        for step in range(1, W * per_worker + 1):
-            state = advance(state, grad, 1, settings, keys)
-            total += test_loss(state.theta).to(torch.float64)
-            if step % W == 0 and (step // W) % max(1, per_worker // 20) == 0:
-                xs.append(step // W)
-                ys.append(float((total / step).var()))
-        curves[W] = (xs, ys)
-        rows.append(
-            {
-                "workers": W,
-                "staleness": W - 1,
-                "iterations_per_worker": per_worker,
-                "variance": ys[-1],
-                "wall_s": time.perf_counter() - t0,
-            }
-        )
-    base = rows[0]["variance"]
-    for r in rows:
-        r["variance_ratio_vs_W1"] = base / r["variance"]
-    summary = {
-        "experiment": "stale-variance",
-        "data": "breast-cancer (a9a is not available offline)",
-        "sampler": f"SGLD, h = {h:g}, minibatch 32, staleness W − 1",
-        "rows": rows,
-    }
-    _write(out_dir, "stale_variance", rows, summary)
-    fig = new_figure(6.0, 4.0)
-    ax = fig.add_subplot()
-    for W, (xs, ys) in curves.items():
-        ax.loglog(xs, ys, label=f"W = {W}")
-    ax.set_xlabel("iterations per worker L̄")
-    ax.set_ylabel("variance of the sample-average test loss")
-    ax.set_title("Stale SGLD, breast-cancer BLR: variance against L̄", fontsize=10)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    fig.savefig(out_dir / "stale_variance.png", dpi=120)
     return summary
