@@ -1,4 +1,4 @@
-"""The performance suite of issue 6: every target measured as a ratio in one process.
+"""The performance suite: every target measured as a ratio in one process.
 
 For each problem shape it times, interleaved in one process with a warm-up and repeats,
 the client-gradient evaluations per second of

@@ -228,7 +228,7 @@ class DataTarget:
             idx = self._indices(keys, index)  # (S, N, B)
             sw = self._batch_sw.unsqueeze(0).expand(S, N, -1)
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
-        # several times faster than advanced indexing (benchmarks/, issue 6).
+        # several times faster than advanced indexing (measured by python -m benchmarks).
         n_max = self.X.shape[1]
         flat = (idx + self._row_offsets).reshape(-1)
         B = idx.shape[-1]
