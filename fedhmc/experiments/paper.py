@@ -395,8 +395,9 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
                 "protocol": protocol,
                 fig.axis: v,
                 "K": K,
-                "T": settings["local-steps"],
-                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
+                "T": T,
+                "local_steps": settings["local-steps"],
+                "local_steps_unit": "leapfrog steps" if protocol == "authors" else "iterations",
                 "rounds": settings["rounds"],
                 "eta": sel["eta"],
                 "eta_at_grid_edge": sel["at_grid_edge"],
@@ -461,14 +462,19 @@ def markdown_table(summary: dict) -> str:
         f"**{summary['title']}** ({summary['budget']} budget: {summary['figure']['rounds']} "
         f"rounds, η tuned at {summary['figure']['tune_rounds']} rounds)",
         "",
-        f"| protocol | {axis} | η | seeds | rounds | grad evals | accuracy | Brier | "
+        f"| protocol | {axis} | a round | η | seeds | rounds | grad evals | accuracy | Brier | "
         "ECE (bins) | NLL sum |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in summary["rows"]:
         edge = "*" if r["eta_at_grid_edge"] else ""
+        if r["local_steps_unit"] == "iterations":
+            per_round = f"{r['local_steps']} × {r['K']} steps"
+        else:
+            n = r["local_steps"]
+            per_round = f"{n} step{'s' if n != 1 else ''}"
         lines.append(
-            f"| {r['protocol']} | {r[axis]} | {r['eta']:g}{edge} | {r['seeds']} | "
+            f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {r['seeds']} | "
             f"{r['rounds']} | {r['grad_evals']:,.0f} | "
             f"{r['accuracy']:.4f} ± {r['accuracy_sd']:.4f} | "
             f"{r['brier']:.4f} ± {r['brier_sd']:.4f} | "
@@ -478,7 +484,7 @@ def markdown_table(summary: dict) -> str:
     paper = summary.get("paper")
     if paper:
         lines.append(
-            f"| paper (best) | | | 5 | 200 | | {paper['accuracy']:.3f} | {paper['brier']:.3f} "
+            f"| paper (best) | | | | 5 | 200 | | {paper['accuracy']:.3f} | {paper['brier']:.3f} "
             f"| {paper['ece']:.3f} (20) | {paper['nll_sum']:,.0f} |"
         )
     lines += ["", "\\* the chosen η is at the edge of the grid tried.", ""]
