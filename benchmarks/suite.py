@@ -55,7 +55,18 @@ from fedhmc.runtime.problem import build_problem
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "benchmarks"
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PAPER_EVALS = 200 * 50 * 11 * 10  # rounds × T × (K + 1) × N: about 1.1M
-GROUPS = ("digits", "blr", "fmnist", "mlp", "flower", "memory", "eval", "paper", "deploy")
+GROUPS = (
+    "digits",
+    "blr",
+    "fmnist",
+    "mlp",
+    "threads",
+    "flower",
+    "memory",
+    "eval",
+    "paper",
+    "deploy",
+)
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "deploy")  # deploy: --only deploy
 
 
@@ -561,12 +572,15 @@ def render(results: dict) -> str:
         "",
         f"{results['machine']}; torch {results['torch']}, {results['threads']} threads"
         + ("; SMOKE (tiny sizes, no targets)" if results["smoke"] else ""),
-        "",
-        "Client-gradient evaluations per second (median of the repeats):",
-        "",
-        "| shape | engine | batched | loop | posteriors | eng/best | eng/loop | eng/post |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    if results.get("shapes"):
+        lines += [
+            "",
+            "Client-gradient evaluations per second (median of the repeats):",
+            "",
+            "| shape | engine | batched | loop | posteriors | eng/best | eng/loop | eng/post |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
     for r in results.get("shapes", []):
         post = r.get("posteriors_evals_per_s")
         lines.append(
@@ -587,6 +601,10 @@ def render(results: dict) -> str:
             f"{fl['engine_loop_s']:.1f} s (ratio {fl['flower/engine']:.2f}); Flower start-up "
             f"(Ray, SuperNodes) {fl['flower_startup_s']:.1f} s; same θ̄: {fl['same_theta']}.",
         ]
+    if results.get("thread_counts"):
+        from benchmarks.threads import render as render_threads
+
+        lines += ["", render_threads(results["thread_counts"]).rstrip()]
     mem = results.get("memory")
     if mem and "peak_rss_mb" in mem:
         lines += [
@@ -697,6 +715,14 @@ def main(argv=None) -> int:
         results["shapes"].append(
             bench_shape(shape, T, K, rounds, repeats, with_posteriors=not args.smoke)
         )
+    if "threads" in groups:
+        from benchmarks.threads import bench_threads
+
+        print("... thread counts, idle and loaded", file=sys.stderr, flush=True)
+        picked = [s for s in SHAPES if s.num_clients <= 20 and s.dataset == "digits"]
+        if have_fmnist and not args.smoke:
+            picked += [s for s in SHAPES if s.dataset == "fashion-mnist"]
+        results["thread_counts"] = bench_threads(picked, smoke=args.smoke)
     if "eval" in groups:
         print("... BMA evaluation", file=sys.stderr, flush=True)
         results["eval"].append(bench_eval("digits", 1 if args.smoke else 5))

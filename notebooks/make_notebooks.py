@@ -198,8 +198,10 @@ the paper's values:
 ```bash
 fedhmc experiment paper-fmnist-K --full --workers 2 --out docs/results/paper-fmnist-K
 fedhmc experiment paper-fmnist-T --full --workers 2 --out docs/results/paper-fmnist-T
-fedhmc experiment paper-fmnist-K-dirichlet --full --workers 2 --out docs/results/paper-fmnist-K-dirichlet
-fedhmc experiment paper-fmnist-T-dirichlet --full --workers 2 --out docs/results/paper-fmnist-T-dirichlet
+fedhmc experiment paper-fmnist-K-dirichlet --full --workers 2 \\
+    --out docs/results/paper-fmnist-K-dirichlet
+fedhmc experiment paper-fmnist-T-dirichlet --full --workers 2 \\
+    --out docs/results/paper-fmnist-T-dirichlet
 fedhmc experiment paper-fmnist-mlp --full --workers 2 --out docs/results/paper-fmnist-mlp
 fedhmc experiment paper-blr-T --out docs/results/paper-blr-T
 ```

@@ -7,8 +7,10 @@ import inspect
 import time
 from pathlib import Path
 
+from fedhmc.cli.options import add_threads_option
 from fedhmc.errors import ConfigError
 from fedhmc.experiments import EXPERIMENTS
+from fedhmc.runtime.threads import set_default_threads
 from fedhmc.sweep.table import fmt
 
 
@@ -38,6 +40,7 @@ def add_experiment_command(sub) -> None:
     p.add_argument(
         "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
     )
+    add_threads_option(p)
     p.set_defaults(func=cmd_experiment)
 
 
@@ -56,6 +59,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         import os
 
         os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
+    set_default_threads(args.threads)
     fn, _ = EXPERIMENTS[args.name]
     kwargs = {"quick": args.quick, "seed": args.seed}
     if args.workers != 1:

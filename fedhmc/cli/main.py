@@ -8,7 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
-from fedhmc.cli.options import _Parser, add_config_options
+from fedhmc.cli.options import _Parser, add_config_options, add_threads_option
 from fedhmc.cli.run import cmd_run
 from fedhmc.errors import FedHMCError, RunInterrupted
 
@@ -34,6 +34,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--rounds or to a larger --rounds given here; the result equals an uninterrupted run",
     )
     p_run.add_argument("--quiet", action="store_true", help="no progress bar or final table")
+    add_threads_option(p_run)
     p_run.set_defaults(func=cmd_run)
     _add_data_command(sub)
     from fedhmc.cli.experiment import add_experiment_command

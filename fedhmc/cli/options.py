@@ -19,6 +19,18 @@ class _Parser(argparse.ArgumentParser):
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
+def add_threads_option(parser: argparse.ArgumentParser, default: str = "auto") -> None:
+    """``--threads N|auto``: torch's intra-op threads (see :mod:`fedhmc.runtime.threads`)."""
+    parser.add_argument(
+        "--threads",
+        default=default,
+        metavar="N|auto",
+        help="torch's intra-op threads: a number, or auto (one thread where a gradient "
+        "evaluation is small, every core where it is large; measured by python -m benchmarks "
+        f"--only threads) (default: {default})",
+    )
+
+
 def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = None) -> None:
     """One option per RunConfig field (or per field in ``only``); unset options stay absent,
     so the dataset defaults apply."""

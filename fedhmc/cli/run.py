@@ -8,6 +8,7 @@ import dataclasses
 from fedhmc.cli.options import config_from_args, print_final_table, resume_config
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.threads import parse_threads
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -21,7 +22,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = config_from_args(args)
     from fedhmc.runtime.backends import run_config
 
-    result = run_config(cfg, progress=not args.quiet)
+    result = run_config(cfg, progress=not args.quiet, threads=parse_threads(args.threads))
     if not args.quiet:
         print_final_table(result)
     return 0

@@ -58,6 +58,9 @@ def add_sweep_command(sub) -> None:
     for action in p._actions:  # --out is the sweep's directory here, not one run's
         if action.dest == "out":
             action.help = "sweep directory (default runs/<time>-sweep); cells go to DIR/cells/"
+    from fedhmc.cli.options import add_threads_option
+
+    add_threads_option(p)
     p.set_defaults(func=cmd_sweep)
 
 
@@ -81,7 +84,12 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     base = {**{k: v for k, v in base.items() if k not in cli_base}, **cli_base}
     log = (lambda *a, **k: None) if args.quiet else print
-    rows = run_sweep(out, grid, base, workers=args.workers, progress=not args.quiet, log=log)
+    from fedhmc.runtime.threads import parse_threads
+
+    threads = parse_threads(args.threads)
+    rows = run_sweep(
+        out, grid, base, workers=args.workers, progress=not args.quiet, log=log, threads=threads
+    )
     bad = sorted({(r["cell"], r["status"]) for r in rows if r["status"] != "completed"})
     if not args.quiet:
         print(format_summary(summarize(rows)))

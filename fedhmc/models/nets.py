@@ -54,8 +54,8 @@ class LogisticRegression:
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Classes-major layout: logitsᵀ = Wᵀ X̃ᵀ (M, C, B) and ∇ᵀ = Rᵀ X̃ (M, C, F+1). Both
         # products then read X̃ row by row with a short (C-row) left operand, which runs
-        # 1.4–3.4× faster on CPU than X̃ W and X̃ᵀ R (measured by python -m benchmarks); the sums are the
-        # same up to float rounding order.
+        # 1.4–3.4× faster on CPU than X̃ W and X̃ᵀ R (measured by python -m benchmarks); the
+        # sums are the same up to float rounding order.
         Wt = self._weights(theta).transpose(-1, -2).contiguous()  # (M, C, F+1)
         logits = torch.matmul(Wt, X.transpose(-1, -2))  # (M, C, B)
         yy = y.unsqueeze(-2)

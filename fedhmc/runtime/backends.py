@@ -17,7 +17,19 @@ BACKENDS = {
 """Backend name → (module, function); each function takes ``(cfg, progress=...)``."""
 
 
-def run_config(cfg, progress: bool = True):
-    """Run ``cfg`` on its backend; returns the backend's :class:`RunResult`."""
+def run_config(cfg, progress: bool = True, threads: int | str | None = None):
+    """Run ``cfg`` on its backend; returns the backend's :class:`RunResult`.
+
+    ``threads`` (a number, ``"auto"`` or None) sets torch's intra-op threads: the engine
+    chooses for ``"auto"`` from the size of a gradient evaluation; other backends take a
+    number for the process they run in and leave ``"auto"`` to their workers.
+    """
     module, name = BACKENDS[cfg.backend]
-    return getattr(importlib.import_module(module), name)(cfg, progress=progress)
+    fn = getattr(importlib.import_module(module), name)
+    if cfg.backend == "engine":
+        return fn(cfg, progress=progress, threads=threads)
+    if isinstance(threads, int):
+        from fedhmc.runtime.threads import apply_threads
+
+        apply_threads(threads, 0)
+    return fn(cfg, progress=progress)

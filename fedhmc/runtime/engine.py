@@ -31,6 +31,7 @@ from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
 from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
+from fedhmc.runtime.threads import apply_threads, gradient_work
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
@@ -477,6 +478,7 @@ def run_loop(
             "wall_s": total_wall,
             "grad_evals": grad_evals,
             "grad_evals_per_s": grad_evals / max(total_wall, 1e-9),
+            "threads": torch.get_num_threads(),
             "bytes_down": totals["bytes_down"],
             "bytes_up": totals["bytes_up"],
             "bytes_total": totals["bytes_down"] + totals["bytes_up"],
@@ -539,11 +541,22 @@ def prepare(cfg: RunConfig) -> RunConfig:
     return cfg.replace(out=cfg.out or cfg.default_out())
 
 
+def _gradient_work(problem: Problem, cfg: RunConfig) -> int:
+    """Multiply-adds of one batched gradient evaluation of ``problem``, roughly."""
+    target = problem.target
+    batch = int(getattr(target, "batch_size", 1) or 0)
+    X = getattr(target, "X", None)
+    if X is not None and (batch <= 0 or batch > X.shape[1]):
+        batch = int(X.shape[1])
+    return gradient_work(target.num_clients, cfg.chains, batch, problem.dim)
+
+
 def run(
     cfg: RunConfig,
     problem: Problem | None = None,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
+    threads: int | str | None = None,
 ) -> RunResult:
     """Run FA-HMC in process (all clients and chains batched) and write the run's files.
 
@@ -557,6 +570,10 @@ def run(
         Show a progress bar over rounds (on a terminal).
     on_round
         Called with each round's metrics row.
+    threads
+        torch's intra-op threads for the run: a number, ``"auto"`` (one thread for small
+        gradient evaluations, every core for large ones: :mod:`fedhmc.runtime.threads`), or
+        None to leave torch's setting as it is.
     """
     cfg = prepare(cfg)
     if cfg.algorithm in ASYNC_ALGORITHMS:
@@ -567,6 +584,7 @@ def run(
     device = torch.device(cfg.device)
     if problem is None:
         problem = build_problem(cfg, device=device)
+    apply_threads(threads, _gradient_work(problem, cfg))
     if cfg.algorithm in STALE_ALGORITHMS:
         return _run_stale(cfg, problem, device, progress, on_round)
     settings = sampler_settings(cfg)

@@ -51,7 +51,7 @@ def _field_defaults() -> dict:
     return json.loads(json.dumps(RunConfig().to_dict(), default=str))
 
 
-def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
+def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) -> dict:
     """Run one cell into ``cell_dir``; returns ``{"status": ..., "error": ...}``.
 
     Top level so that worker processes can run it. Errors do not propagate: a failed
@@ -60,7 +60,7 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
     import torch
 
     old = torch.get_num_threads()
-    if threads:
+    if isinstance(threads, int):
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
@@ -71,7 +71,7 @@ def run_cell(settings: dict, cell_dir: str, threads: int | None = None) -> dict:
         if cell.get("tensorboard"):  # one TensorBoard run per cell
             cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
         cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
-        run_config(cfg, progress=False)
+        run_config(cfg, progress=False, threads=threads or None)
     except RunInterrupted as e:
         status, error = "interrupted", str(e)
         if _PARENT is not None and os.getppid() != _PARENT:
@@ -176,6 +176,7 @@ def run_sweep(
     workers: int = 1,
     progress: bool = True,
     log=print,
+    threads: int | str | None = "auto",
 ) -> list[dict]:
     """Run every cell of ``grid`` (on top of ``base``) into ``out/cells/`` and build the table.
 
@@ -195,6 +196,9 @@ def run_sweep(
         A progress bar over cells (on a terminal).
     log
         Where the one-line messages go.
+    threads
+        torch threads of a one-worker sweep: a number, or ``"auto"`` (each cell chooses
+        from its size, :mod:`fedhmc.runtime.threads`).
 
     Returns
     -------
@@ -206,12 +210,12 @@ def run_sweep(
     except OSError as e:
         raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
     try:
-        return _run_sweep(out, grid, base, workers, progress, log)
+        return _run_sweep(out, grid, base, workers, progress, log, threads)
     finally:
         lock.__exit__(None, None, None)
 
 
-def _run_sweep(out, grid, base, workers, progress, log) -> list[dict]:
+def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
     """:func:`run_sweep`'s body, run while the folder's lock is held."""
     base = dict(base or {})
     base.pop("out", None)
@@ -263,7 +267,8 @@ def _run_sweep(out, grid, base, workers, progress, log) -> list[dict]:
     flower = any(c["cfg"].backend == "flower" for c in cells)
     cores = os.cpu_count() or 1
     workers = 1 if flower else min(workers, max(1, len(todo)))
-    threads = max(1, cores // workers)
+    if workers > 1:
+        threads = max(1, cores // workers)
     record["workers_used"] = workers
     _write_json(out / "sweep.json", record)
     if flower:

@@ -1,0 +1,68 @@
+"""How many intra-op threads torch uses for a run: ``--threads N`` or ``--threads auto``.
+
+Measured by ``python -m benchmarks --only threads`` on 2 cores (the performance page has
+the table): where a gradient evaluation is small (digits, 10 clients: about 2·10⁵
+multiply-adds a round step) a second thread gains 4 % on an idle machine and loses 11-fold
+beside other busy processes, because each of the thousands of small ops waits for the
+scheduler. Where it is large (Fashion-MNIST, batch 1000, about 8·10⁷) a second thread gains
+1.8-1.9× idle and loses about 20 % under the same load. So ``auto`` uses one thread below
+:data:`AUTO_WORK` and every core above it.
+"""
+
+from __future__ import annotations
+
+import os
+
+from fedhmc.errors import ConfigError
+
+AUTO_WORK = 10_000_000
+"""Multiply-adds of one batched gradient evaluation (clients × chains × batch × parameters)
+from which ``auto`` uses every core."""
+
+
+def parse_threads(value: str | int | None) -> int | str | None:
+    """``None``/``"auto"`` or a positive int (the ``--threads`` option's type)."""
+    if value is None or value == "auto":
+        return value
+    try:
+        n = int(value)
+    except (TypeError, ValueError):
+        n = 0
+    if n < 1:
+        raise ConfigError(f"--threads must be a positive integer or 'auto', got {value!r}")
+    return n
+
+
+def gradient_work(num_clients: int, chains: int, batch: int, dim: int) -> int:
+    """Multiply-adds of one batched gradient evaluation, roughly."""
+    return num_clients * max(1, chains) * max(1, batch) * dim
+
+
+def auto_threads(work: int, cores: int | None = None) -> int:
+    """The thread count ``auto`` picks for a gradient evaluation of ``work`` multiply-adds."""
+    cores = cores or os.cpu_count() or 1
+    return cores if work >= AUTO_WORK else 1
+
+
+_default: int | str | None = None
+
+
+def set_default_threads(threads: int | str | None) -> None:
+    """What :func:`apply_threads` does when a run names no thread count: the command line
+    sets it once for every run it starts in its process (``--threads``)."""
+    global _default
+    _default = parse_threads(threads)
+
+
+def apply_threads(threads: int | str | None, work: int) -> int:
+    """Set torch's intra-op threads; returns the count. ``None`` means the process default
+    (:func:`set_default_threads`), and with none set leaves torch's setting as it is."""
+    import torch
+
+    if threads is None:
+        threads = _default
+    if threads == "auto":
+        threads = auto_threads(work)
+    if threads is not None:
+        torch.set_num_threads(int(threads))
+    return torch.get_num_threads()

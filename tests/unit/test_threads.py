@@ -1,0 +1,48 @@
+"""``--threads N|auto``: the choice, its record in summary.json, and bad values."""
+
+import json
+
+import pytest
+import torch
+
+from fedhmc.cli.main import main
+from fedhmc.errors import ConfigError
+from fedhmc.runtime.threads import AUTO_WORK, auto_threads, gradient_work, parse_threads
+
+
+def test_parse_threads():
+    assert parse_threads("auto") == "auto"
+    assert parse_threads(None) is None
+    assert parse_threads("3") == 3
+    for bad in ("0", "-1", "many", 0):
+        with pytest.raises(ConfigError, match="--threads"):
+            parse_threads(bad)
+
+
+def test_auto_is_one_thread_for_small_work_and_every_core_for_large():
+    digits = gradient_work(num_clients=10, chains=1, batch=32, dim=650)
+    fmnist = gradient_work(num_clients=10, chains=1, batch=1000, dim=7850)
+    assert digits < AUTO_WORK <= fmnist
+    assert auto_threads(digits, cores=8) == 1
+    assert auto_threads(fmnist, cores=8) == 8
+    assert auto_threads(fmnist, cores=1) == 1
+
+
+@pytest.mark.parametrize("flag,expected", [("auto", 1), ("2", 2)])
+def test_run_records_its_threads(tmp_path, flag, expected):
+    old = torch.get_num_threads()
+    try:
+        out = tmp_path / "run"
+        argv = ["run", "--rounds", "2", "--quiet", "--threads", flag, "--out", str(out)]
+        assert main(argv) == 0
+        assert json.loads((out / "summary.json").read_text())["threads"] == expected
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_bad_threads_is_one_line_and_writes_nothing(tmp_path, capsys):
+    out = tmp_path / "run"
+    assert main(["run", "--rounds", "2", "--threads", "0", "--out", str(out)]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "--threads must be a positive integer or 'auto'" in err[0]
+    assert not out.exists()
