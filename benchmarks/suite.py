@@ -48,6 +48,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.core.progress import bar, set_quiet
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_problem
@@ -650,6 +651,38 @@ def render(results: dict) -> str:
     return "\n".join(lines) + "\n"
 
 
+class _Stages:
+    """The benchmark's progress: one bar over its stages, with the one running named."""
+
+    def __init__(self, total: int):
+        self.bar = bar(total, "benchmark", "stage")
+        self.started = False
+
+    def next(self, label: str) -> None:
+        if self.bar is None:
+            return
+        if self.started:
+            self.bar.update(1)
+        self.started = True
+        if self.bar.disable:  # no terminal: one line a stage, as a log would want
+            print(f"... {label}", file=sys.stderr, flush=True)
+        self.bar.set_description(label)
+
+    def close(self) -> None:
+        if self.bar is not None:
+            if self.started:
+                self.bar.update(1)
+            self.bar.close()
+
+
+def _count_stages(groups: set[str], smoke: bool) -> int:
+    """About how many stages a run of ``groups`` has (the progress bar's total)."""
+    n = sum(1 for s in SHAPES if s.key in groups)
+    n += sum(1 for g in ("threads", "eval", "flower", "deploy", "memory") if g in groups)
+    n += 2 if "paper" in groups else 0
+    return max(1, n)
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m benchmarks", description=__doc__.splitlines()[0])
     ap.add_argument("--smoke", action="store_true", help="tiny sizes, seconds, no targets (CI)")
@@ -673,6 +706,7 @@ def main(argv=None) -> int:
         help="directory for <time>.json and .md "
         "(default docs/results/benchmarks; --smoke writes nothing unless given)",
     )
+    ap.add_argument("--quiet", action="store_true", help="no progress; only the report")
     args = ap.parse_args(argv)
     groups = set(DEFAULT_GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
     unknown = groups - set(GROUPS)
@@ -681,6 +715,8 @@ def main(argv=None) -> int:
             f"--only: unknown group(s) {', '.join(sorted(unknown))}; choose from "
             f"{', '.join(GROUPS)}"
         )
+    set_quiet(args.quiet)
+    stages = _Stages(_count_stages(groups, args.smoke))
     torch.manual_seed(0)
     now = _dt.datetime.now(_dt.timezone.utc)
     results: dict = {
@@ -711,20 +747,20 @@ def main(argv=None) -> int:
             T, K, rounds, repeats = 5, 10, 1, 3
         if args.repeats is not None:
             repeats = args.repeats
-        print(f"... {shape.label}", file=sys.stderr, flush=True)
+        stages.next(f"{shape.label}")
         results["shapes"].append(
             bench_shape(shape, T, K, rounds, repeats, with_posteriors=not args.smoke)
         )
     if "threads" in groups:
         from benchmarks.threads import bench_threads
 
-        print("... thread counts, idle and loaded", file=sys.stderr, flush=True)
+        stages.next("thread counts, idle and loaded")
         picked = [s for s in SHAPES if s.num_clients <= 20 and s.dataset == "digits"]
         if have_fmnist and not args.smoke:
             picked += [s for s in SHAPES if s.dataset == "fashion-mnist"]
         results["thread_counts"] = bench_threads(picked, smoke=args.smoke)
     if "eval" in groups:
-        print("... BMA evaluation", file=sys.stderr, flush=True)
+        stages.next("BMA evaluation")
         results["eval"].append(bench_eval("digits", 1 if args.smoke else 5))
         if have_fmnist and not args.smoke:
             results["eval"].append(bench_eval("fashion-mnist", 3, T=5))
@@ -741,7 +777,7 @@ def main(argv=None) -> int:
     if "paper" in groups and have_fmnist and not args.smoke:
         results["paper"] = []
         for model, rounds in (("logistic", 3), ("mlp", 1)):
-            print(f"... authors' protocol at paper scale ({model})", file=sys.stderr, flush=True)
+            stages.next(f"authors' protocol at paper scale ({model})")
             results["paper"].append(bench_paper(model, rounds, args.confirm_paper))
     if "flower" in groups:
         if args.smoke:
@@ -749,17 +785,18 @@ def main(argv=None) -> int:
         elif not have_fmnist:
             results["notes"].append(f"Flower vs engine skipped: no data in {FMNIST_DIR}")
         else:
-            print("... Flower vs engine", file=sys.stderr, flush=True)
+            stages.next("Flower vs engine")
             results["flower"] = bench_flower(args.flower_rounds, 50, 10)
     if "deploy" in groups and not args.smoke:
         from benchmarks.deploy import bench_deploy
 
-        print("... deployment on loopback (a few minutes)", file=sys.stderr, flush=True)
+        stages.next("deployment on loopback (a few minutes)")
         results["deploy"] = bench_deploy(args.deploy_rounds)
     if "memory" in groups:
-        print("... memory", file=sys.stderr, flush=True)
+        stages.next("memory")
         n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)
         results["memory"] = bench_memory(n, r)
+    stages.close()
     if not args.smoke:
         results["targets"] = targets(results)
     text = render(results)

@@ -8,6 +8,7 @@ import time
 from pathlib import Path
 
 from fedhmc.cli.options import add_threads_option
+from fedhmc.core.progress import set_quiet
 from fedhmc.errors import ConfigError
 from fedhmc.experiments import EXPERIMENTS
 from fedhmc.runtime.threads import set_default_threads
@@ -40,6 +41,7 @@ def add_experiment_command(sub) -> None:
     p.add_argument(
         "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
     )
+    p.add_argument("--quiet", action="store_true", help="no progress bars and no table")
     add_threads_option(p)
     p.set_defaults(func=cmd_experiment)
 
@@ -60,6 +62,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
 
         os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
     set_default_threads(args.threads)
+    set_quiet(args.quiet)
     fn, _ = EXPERIMENTS[args.name]
     kwargs = {"quick": args.quick, "seed": args.seed}
     if args.workers != 1:
@@ -76,7 +79,7 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         kwargs["full"] = True
     summary = fn(out, **kwargs)
     rows = summary.get("rows", [])
-    if rows:
+    if rows and not args.quiet:
         keys = list(dict.fromkeys(k for r in rows for k in r))
         print("  ".join(f"{k:>12}" for k in keys))
         for r in rows:

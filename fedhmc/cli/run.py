@@ -20,7 +20,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = resume_config(args.resume_dir, given)
     else:
         cfg = config_from_args(args)
+    from fedhmc.core.progress import set_quiet
     from fedhmc.runtime.backends import run_config
+
+    set_quiet(args.quiet)
 
     result = run_config(cfg, progress=not args.quiet, threads=parse_threads(args.threads))
     if not args.quiet:

@@ -87,6 +87,9 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     from fedhmc.runtime.threads import parse_threads
 
     threads = parse_threads(args.threads)
+    from fedhmc.core.progress import set_quiet
+
+    set_quiet(args.quiet)
     rows = run_sweep(
         out, grid, base, workers=args.workers, progress=not args.quiet, log=log, threads=threads
     )

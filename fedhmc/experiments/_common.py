@@ -39,9 +39,9 @@ def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = Tru
     rows: list[dict] = []
     bar = None
     if progress:
-        from tqdm.auto import tqdm
+        from fedhmc.core.progress import bar_or_null
 
-        bar = tqdm(total=len(cells), desc="cells", unit="cell", disable=None, leave=False)
+        bar = bar_or_null(len(cells), "cells", "cell")
     for cell in cells:
         name = "_".join(f"{k}={v}" for k, v in cell.items())
         cell_dir = out_dir / "cells" / name

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.experiments.blr import blr_reference
 from fedhmc.viz.plots import new_figure
@@ -51,7 +52,7 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     )
     rows = []
     for noise in noises:
-        for eta in etas:
+        for eta in track(etas, f"step sizes (noise {noise:g})", "η"):
             for algo in ("fahmc", "fald"):
                 K = max(1, math.floor(math.pi / (3 * eta))) if algo == "fahmc" else 1
                 cell = out_dir / "cells" / f"{algo}-eta{eta:g}-noise{noise:g}"

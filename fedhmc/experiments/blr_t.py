@@ -86,9 +86,9 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     target = problem.target
     curves: dict[int, list[float]] = {}
     walls: dict[int, float] = {}
-    from tqdm.auto import tqdm
+    from fedhmc.core.progress import bar_or_null
 
-    bar = tqdm(total=len(Ts), desc="T values", unit="T", disable=None, leave=False)
+    bar = bar_or_null(len(Ts), "T values", "T")
     for T in Ts:
         rounds = max(min_rounds, math.ceil(iters / T))
         settings = SamplerSettings(eta, K, T, rho=1.0, grad_noise=noise)

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
 
@@ -35,7 +36,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     target = hetero_gaussian(4, dim, dtype=torch.float64)
     post = target.posterior()
     rows = []
-    for T in Ts:
+    for T in track(Ts, "T values", "T"):
         settings = SamplerSettings(eta, K, T, rho=1.0)
         for variant in ("fahmc", "fahmc-debiased"):
             debiased = variant == "fahmc-debiased"

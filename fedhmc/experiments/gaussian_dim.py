@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
 
@@ -32,7 +33,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     chains = 200 if quick else 1000
     K, T, threshold, max_rounds = 5, 10, 0.1, 100_000
     rows = []
-    for d in dims:
+    for d in track(dims, "dimensions", "d"):
         target = hetero_gaussian(10, d, dtype=torch.float64)
         post = target.posterior()
         eta = 0.02 / d**0.25

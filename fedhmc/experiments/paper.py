@@ -193,9 +193,9 @@ def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str
             todo.append((cid, settings))
     if not todo:
         return
-    from tqdm.auto import tqdm
+    from fedhmc.core.progress import bar_or_null
 
-    bar = tqdm(total=len(todo), desc=desc, unit="cell", disable=None, leave=False)
+    bar = bar_or_null(len(todo), desc, "cell")
     if workers <= 1:
         for cid, settings in todo:
             run_cell(settings, str(out / "cells" / cid), threads=None)
@@ -630,7 +630,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
     theta0 = torch.zeros(chains, D)
     curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
     walls: dict[tuple[str, int], float] = {}
-    from tqdm.auto import tqdm
+    from fedhmc.core.progress import bar_or_null
 
     out_dir = Path(out_dir)
     (out_dir / "cells").mkdir(parents=True, exist_ok=True)
@@ -645,7 +645,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         "reference": [rc, rw, rs],
         "version": 1,
     }
-    bar = tqdm(total=2 * len(Ts), desc="T values", unit="T", disable=None, leave=False)
+    bar = bar_or_null(2 * len(Ts), "T values", "T")
     for protocol in PROTOCOL_ORDER:
         for T in Ts:
             # One finished (protocol, T) is kept in cells/, so a stopped run resumes there.

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
 
@@ -52,7 +53,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         return (n / batch) * (theta - data[idx]).sum(-1, keepdim=True) + theta
 
     rows, curves = [], {}
-    for tau in taus:
+    for tau in track(taus, "staleness", "τ"):
         L = L0 * tau
         h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
         settings = StaleSettings("sghmc", h, friction=friction, staleness=tau)

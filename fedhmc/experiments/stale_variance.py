@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
 
@@ -63,7 +64,7 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     warm = StaleSettings("sgld", h)
     start = advance(init_state(torch.zeros(chains, target.dim), warm), grad, burn, warm, keys)
     rows, curves = [], {}
-    for W in workers:
+    for W in track(workers, "workers", "W"):
         settings = StaleSettings("sgld", h, staleness=W - 1)
         state = init_state(start.theta, settings)
         state.step = start.step

@@ -708,11 +708,9 @@ def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> 
 def _progress(total: int, enabled: bool, initial: int = 0):
     if not enabled:
         return None
-    from tqdm.auto import tqdm
+    from fedhmc.core.progress import bar
 
-    return tqdm(
-        total=total, initial=initial, desc="rounds", unit="round", disable=None, leave=False
-    )
+    return bar(total, "rounds", "round", initial=initial)
 
 
 def _postfix(metrics: dict) -> dict:

@@ -284,9 +284,9 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
 
     bar = None
     if progress and todo:
-        from tqdm.auto import tqdm
+        from fedhmc.core.progress import bar as progress_bar
 
-        bar = tqdm(total=len(todo), desc="cells", unit="cell", disable=None, leave=False)
+        bar = progress_bar(len(todo), "cells", "cell")
 
     def finish(cid: str, res: dict) -> None:
         by_id[cid].update(res)

@@ -115,16 +115,9 @@ def run_delayed(
             pr.start()
             procs.append(pr)
         if progress:  # after the workers start: tqdm's monitor thread must not be forked
-            from tqdm.auto import tqdm
+            from fedhmc.core.progress import bar as progress_bar
 
-            bar = tqdm(
-                total=P * s.iterations,
-                desc=f"{s.mode} P={P}",
-                unit="upd",
-                leave=False,
-                disable=None,
-                mininterval=0.5,
-            )
+            bar = progress_bar(P * s.iterations, f"{s.mode} P={P}", "upd", mininterval=0.5)
         deadline = time.monotonic() + s.timeout
         while True:
             failure = _first_error(sh["errors"], 0.0)
