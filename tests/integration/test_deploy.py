@@ -20,7 +20,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "deploy"))
-from loopback import DEPLOY, SEARCH_PATH, Deployment, missing_tools  # noqa: E402
+from loopback import DEPLOY, SEARCH_PATH, Deployment, missing_tools, processes  # noqa: E402
 
 MISSING = missing_tools()
 CONN = "fedhmc-test"
@@ -111,6 +111,13 @@ def test_tls_authenticated_deployment_runs_two_rounds(deployment):
 
     # The run created no federation section in pyproject.toml (a `flwr run` migration would).
     assert "federations" not in pyproject.read_text()
+
+    # fedhmc's own processes (the nodes' warm workers) leave no <defunct> children behind.
+    procs = processes()
+    workers = {pid for pid, (_, st, cmd) in procs.items() if "fedhmc_clients.worker" in cmd}
+    assert workers, "the warm workers are running"
+    zombies = [(pid, cmd) for pid, (pp, st, cmd) in procs.items() if st[0] == "Z" and pp in workers]
+    assert not zombies, zombies
 
 
 def test_flwr_run_local_simulation_script_leaves_nothing_behind(tmp_path):
