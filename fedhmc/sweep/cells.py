@@ -59,6 +59,10 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
     """
     import torch
 
+    if _PARENT is not None and os.getppid() != _PARENT:
+        # The sweep (or experiment) that queued this cell is gone: do not start it, or the
+        # worker would go on computing cells nobody waits for.
+        return {"status": "interrupted", "error": "the process that started the cell is gone"}
     old = torch.get_num_threads()
     if isinstance(threads, int):
         torch.set_num_threads(threads)

@@ -282,3 +282,14 @@ def test_workers_die_with_a_killed_sweep_and_the_folder_is_locked(tmp_path, caps
     while any(_alive(p) for p in workers) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not any(_alive(p) for p in workers)
+
+
+def test_a_worker_whose_sweep_is_gone_starts_no_cell(tmp_path, monkeypatch):
+    import os
+
+    from fedhmc.sweep import cells
+
+    monkeypatch.setattr(cells, "_PARENT", os.getppid() + 1)  # not this process's parent
+    res = cells.run_cell({"rounds": 2}, str(tmp_path / "cell"))
+    assert res["status"] == "interrupted"
+    assert not (tmp_path / "cell").exists()
