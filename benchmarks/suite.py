@@ -152,6 +152,17 @@ def _nn_model(target) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
+def engine_fn(target, settings: SamplerSettings, rounds: int):
+    """The engine's ``rounds`` rounds from θ̄ = 0 on ``target``: what every engine timing runs."""
+
+    def engine():
+        theta = torch.zeros(1, target.dim)
+        for r in range(1, rounds + 1):
+            theta, _ = run_round(target, theta, 0, r, settings)
+
+    return engine
+
+
 def bench_shape(
     shape: Shape, T: int, K: int, rounds: int, repeats: int, with_posteriors: bool = True
 ) -> dict:
@@ -173,10 +184,7 @@ def bench_shape(
     counts = target.counts.view(N, 1)
     lr = 1e-6
 
-    def engine():
-        theta = torch.zeros(1, D)
-        for r in range(1, rounds + 1):
-            theta, _ = run_round(target, theta, 0, r, settings)
+    engine = engine_fn(target, settings, rounds)
 
     def minibatch():
         if full:
@@ -675,7 +683,7 @@ class _Stages:
             self.bar.close()
 
 
-def _count_stages(groups: set[str], smoke: bool) -> int:
+def _count_stages(groups: set[str]) -> int:
     """About how many stages a run of ``groups`` has (the progress bar's total)."""
     n = sum(1 for s in SHAPES if s.key in groups)
     n += sum(1 for g in ("threads", "eval", "flower", "deploy", "memory") if g in groups)
@@ -716,7 +724,7 @@ def main(argv=None) -> int:
             f"{', '.join(GROUPS)}"
         )
     set_quiet(args.quiet)
-    stages = _Stages(_count_stages(groups, args.smoke))
+    stages = _Stages(_count_stages(groups))
     torch.manual_seed(0)
     now = _dt.datetime.now(_dt.timezone.utc)
     results: dict = {

@@ -16,39 +16,33 @@ import time
 
 import torch
 
-from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.algorithms.fahmc import SamplerSettings
 from fedhmc.runtime.problem import build_problem
 
 
 def _engine(shape, T: int, K: int, rounds: int):
-    from benchmarks.suite import _config
+    from benchmarks.suite import _config, engine_fn
 
     cfg = _config(shape)
     target = build_problem(cfg).target
     settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
     evals = rounds * T * (K + 1) * target.num_clients
-
-    def engine():
-        theta = torch.zeros(1, target.dim)
-        for r in range(1, rounds + 1):
-            theta, _ = run_round(target, theta, 0, r, settings)
-
-    return engine, evals, target
+    return engine_fn(target, settings, rounds), evals, target
 
 
 def _rates(engine, evals: int, counts: tuple[int, ...], repeats: int) -> dict[int, float]:
     """Evaluations per second at each thread count, medians of interleaved repeats."""
-    times: dict[int, list[float]] = {n: [] for n in counts}
-    for n in counts:  # warm-up at each setting
-        torch.set_num_threads(n)
-        engine()
-    for _ in range(repeats):
-        for n in counts:
+    from benchmarks.suite import _interleaved
+
+    def at(n: int):
+        def fn():
             torch.set_num_threads(n)
-            t0 = time.perf_counter()
             engine()
-            times[n].append(time.perf_counter() - t0)
-    return {n: evals / sorted(v)[len(v) // 2] for n, v in times.items()}
+
+        return fn
+
+    secs = _interleaved({n: at(n) for n in counts}, repeats)
+    return {n: evals / s for n, s in secs.items()}
 
 
 class _Load:

@@ -84,11 +84,10 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     )
     base = {**{k: v for k, v in base.items() if k not in cli_base}, **cli_base}
     log = (lambda *a, **k: None) if args.quiet else print
+    from fedhmc.core.progress import set_quiet
     from fedhmc.runtime.threads import parse_threads
 
     threads = parse_threads(args.threads)
-    from fedhmc.core.progress import set_quiet
-
     set_quiet(args.quiet)
     rows = run_sweep(
         out, grid, base, workers=args.workers, progress=not args.quiet, log=log, threads=threads

@@ -17,11 +17,6 @@ def set_quiet(quiet: bool) -> None:
     _quiet = bool(quiet)
 
 
-def quiet() -> bool:
-    """Whether ``--quiet`` was given."""
-    return _quiet
-
-
 def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
     """A progress bar over ``total`` items with an ETA; None when quiet.
 
@@ -38,16 +33,10 @@ def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
 
 
 class _Null:
-    """What :func:`bar_or_null` gives when quiet: every bar method does nothing."""
+    """What :func:`bar_or_null` gives when quiet: ``update`` and ``close`` do nothing."""
 
     def update(self, n: int = 1) -> None:
         pass
-
-    def set_postfix(self, *args, **kwargs) -> None:
-        pass
-
-    def write(self, text: str) -> None:
-        print(text)
 
     def close(self) -> None:
         pass
