@@ -40,7 +40,9 @@ def _median_gap(times: list[float]) -> float:
     return statistics.median(b - a for a, b in zip(times[:-1], times[1:], strict=True))
 
 
-def _run(dep: Deployment, app: Path, run_config: str, log: Path, first, done, timeout: float):
+def _run(
+    dep: Deployment, app: Path | None, run_config: str, log: Path, first, done, timeout: float
+):
     """Submit, wait until ``done()``; returns seconds from submission to ``first()``."""
     t0 = time.monotonic()
     proc = dep.submit(run_config, log, app=app)
@@ -96,7 +98,7 @@ def bench_deploy(rounds: int = 6) -> dict:
             run_dir = work / name
             startup = _run(
                 dep,
-                ROOT,
+                None,  # this repository's app, staged as deploy/run.sh does
                 f'num-clients=2 rounds={rounds} {extra} out="{run_dir}"',
                 work / f"{name}.log",
                 lambda d=run_dir: len(metrics_rows(d)) >= 1,

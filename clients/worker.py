@@ -150,6 +150,14 @@ def prepare_socket_path(path: Path) -> None:
         path.unlink()
 
 
+def warm_imports() -> None:
+    """Import what a first message would: the dataset loaders and scikit-learn (seconds),
+    so that the run's first query costs the data's load only."""
+    import fedhmc_datasets.registry  # noqa: F401
+    import sklearn.datasets  # noqa: F401
+    import sklearn.model_selection  # noqa: F401
+
+
 def serve(
     path: str | Path,
     ready: threading.Event | None = None,
@@ -157,6 +165,8 @@ def serve(
 ) -> None:
     """Accept connections on ``path`` until SIGTERM/SIGINT, or until ``stop`` is set."""
     from fedhmc_clients.compute import compute  # the heavy imports, once
+
+    warm_imports()
 
     path = Path(path)
     prepare_socket_path(path)

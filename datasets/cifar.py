@@ -19,26 +19,30 @@ from pathlib import Path
 from urllib.error import URLError
 
 import numpy as np
-from torchvision.datasets import CIFAR10
 
 from fedhmc.errors import DataError
 
 from . import locate
 from .mnist import RawImages
 
-BATCH_DIR = CIFAR10.base_folder  # "cifar-10-batches-py"
-BATCH_FILES = tuple(f for f, _ in CIFAR10.train_list + CIFAR10.test_list) + (
-    CIFAR10.meta["filename"],
-)
+# torchvision's names for the release's folder and files (torchvision itself is imported
+# only when CIFAR-10 is loaded: it takes seconds, which every other dataset would pay).
+BATCH_DIR = "cifar-10-batches-py"
+META_FILE = "batches.meta"
+BATCH_FILES = (*(f"data_batch_{i}" for i in range(1, 6)), "test_batch", META_FILE)
 CLASSES = (0, 1)  # airplane, automobile
 
 
-class CIFAR10Files(CIFAR10):
+def _files_class():
     """torchvision's CIFAR10 with the md5 checks replaced by existence checks."""
+    from torchvision.datasets import CIFAR10
 
-    train_list = [[f, None] for f, _ in CIFAR10.train_list]
-    test_list = [[f, None] for f, _ in CIFAR10.test_list]
-    meta = {**CIFAR10.meta, "md5": None}
+    class CIFAR10Files(CIFAR10):
+        train_list = [[f, None] for f, _ in CIFAR10.train_list]
+        test_list = [[f, None] for f, _ in CIFAR10.test_list]
+        meta = {**CIFAR10.meta, "md5": None}
+
+    return CIFAR10Files
 
 
 def _locate(data_dir: str | os.PathLike | None) -> Path | None:
@@ -62,7 +66,7 @@ def _check_file(path: Path) -> str | None:
         return str(exc).replace("\n", " ") or type(exc).__name__
     if not isinstance(entry, dict):
         return "not a dict"
-    if path.name == CIFAR10.meta["filename"]:
+    if path.name == META_FILE:
         return None if "label_names" in entry else "no 'label_names'"
     data, labels = entry.get("data"), entry.get("labels")
     if not isinstance(data, np.ndarray) or data.ndim != 2 or data.shape[1] != 3072:
@@ -74,7 +78,7 @@ def _check_file(path: Path) -> str | None:
 
 def _load_split(root: Path, train: bool) -> tuple[np.ndarray, np.ndarray]:
     try:
-        ds = CIFAR10Files(root=str(root), train=train, download=False)
+        ds = _files_class()(root=str(root), train=train, download=False)
     except Exception as exc:  # re-raised as DataError naming the file
         for name in BATCH_FILES:
             problem = _check_file(root / BATCH_DIR / name)
@@ -124,6 +128,8 @@ def load_cifar2(*, data_dir: str | os.PathLike | None = None, download: bool = F
                 "pass --data-dir DIR holding them, set FEDHMC_DATA, or pass --download"
             )
         root = locate.cache_dir()
+        from torchvision.datasets import CIFAR10
+
         try:
             CIFAR10(root=str(root), train=True, download=True)
         except (RuntimeError, URLError, OSError) as exc:

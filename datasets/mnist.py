@@ -16,8 +16,6 @@ from pathlib import Path
 from urllib.error import URLError
 
 import numpy as np
-from torchvision.datasets import KMNIST, MNIST, FashionMNIST
-from torchvision.datasets.mnist import read_image_file, read_label_file
 
 from fedhmc.errors import DataError
 
@@ -29,7 +27,9 @@ IDX_FILES = (
     "t10k-images-idx3-ubyte",
     "t10k-labels-idx1-ubyte",
 )
-_CLASSES: dict[str, type[MNIST]] = {"mnist": MNIST, "fashion-mnist": FashionMNIST, "kmnist": KMNIST}
+# torchvision's dataset class of each, by name: torchvision itself is imported only when
+# the files are parsed (its import takes seconds, which a run on other data would pay).
+_CLASS_NAMES = {"mnist": "MNIST", "fashion-mnist": "FashionMNIST", "kmnist": "KMNIST"}
 _PARSE_ERRORS = (AssertionError, ValueError, TypeError, RuntimeError, IndexError, KeyError)
 
 
@@ -57,7 +57,7 @@ def _find_files(folder: Path) -> dict[str, Path] | None:
 
 def _locate(name: str, data_dir: str | os.PathLike | None) -> tuple[Path, dict[str, Path]] | None:
     """Return (torchvision root, {file name: origin}) of the first location holding all files."""
-    cls_name = _CLASSES[name].__name__
+    cls_name = _CLASS_NAMES[name]
     system = [locate.DEBIAN_FASHION_MNIST_DIR] if name == "fashion-mnist" else []
     for base in locate.search_dirs(data_dir, system):
         for folder in (base / cls_name / "raw", base / name, base):
@@ -73,7 +73,7 @@ def _locate(name: str, data_dir: str | os.PathLike | None) -> tuple[Path, dict[s
 
 
 def _not_found(name: str, data_dir: str | os.PathLike | None) -> DataError:
-    cls_name = _CLASSES[name].__name__
+    cls_name = _CLASS_NAMES[name]
     system = [locate.DEBIAN_FASHION_MNIST_DIR] if name == "fashion-mnist" else []
     looked = ", ".join(str(d) for d in locate.search_dirs(data_dir, system))
     how = "install it with `apt-get install dataset-fashion-mnist`, " if system else ""
@@ -86,6 +86,8 @@ def _not_found(name: str, data_dir: str | os.PathLike | None) -> DataError:
 
 def _culprit(raw: Path, origins: dict[str, Path]) -> DataError | None:
     """Parse each file alone to find the one torchvision could not read."""
+    from torchvision.datasets.mnist import read_image_file, read_label_file
+
     for fname in IDX_FILES:
         reader = read_image_file if "images" in fname else read_label_file
         try:
@@ -99,7 +101,7 @@ def _culprit(raw: Path, origins: dict[str, Path]) -> DataError | None:
     return None
 
 
-def _load_split(cls: type[MNIST], root: Path, origins: dict[str, Path], train: bool):
+def _load_split(cls, root: Path, origins: dict[str, Path], train: bool):
     try:
         ds = cls(root=str(root), train=train, download=False)
     except _PARSE_ERRORS as exc:
@@ -150,7 +152,9 @@ def load_idx_images(
         When no copy is found (the message lists the directories looked in), or a file is
         corrupt or truncated (the message names the file).
     """
-    cls = _CLASSES[name]
+    import torchvision.datasets
+
+    cls = getattr(torchvision.datasets, _CLASS_NAMES[name])
     hit = _locate(name, data_dir)
     if hit is None:
         if not download:

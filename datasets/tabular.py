@@ -5,12 +5,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
-from sklearn.datasets import load_breast_cancer, load_digits
-from sklearn.model_selection import train_test_split
 
 from fedhmc.errors import ConfigError
 
-_LOADERS = {"digits": load_digits, "breast-cancer": load_breast_cancer}
+NAMES = ("digits", "breast-cancer")
 PIXEL_MAX = {"digits": 16.0, "breast-cancer": None}
 """Largest feature value of image-like datasets (digits: 8x8 pixel counts 0..16)."""
 
@@ -46,7 +44,13 @@ def load_tabular(name: str, *, seed: int = 0, test_fraction: float = 0.2) -> Tab
     """
     if not 0.0 < test_fraction < 1.0:
         raise ConfigError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
-    X, y = _LOADERS[name](return_X_y=True)
+    # scikit-learn is imported here, not with the module: it takes seconds, which the
+    # other datasets need not pay.
+    from sklearn import datasets
+    from sklearn.model_selection import train_test_split
+
+    loader = {"digits": datasets.load_digits, "breast-cancer": datasets.load_breast_cancer}[name]
+    X, y = loader(return_X_y=True)
     try:
         X_train, X_test, y_train, y_test = train_test_split(
             X, y, test_size=test_fraction, random_state=seed, stratify=y

@@ -17,6 +17,7 @@ import signal
 import socket
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
@@ -216,11 +217,15 @@ class Deployment:
         return self.pids(name)[-1]
 
     def submit(self, run_config: str, log: Path, app: Path | None = None) -> subprocess.Popen:
-        """``flwr run APP CONN --stream`` (APP: this repository) in the background, its
-        output in ``log``."""
+        """``flwr run APP CONN --stream`` in the background, its output in ``log``. APP:
+        by default what ``deploy/run.sh`` submits, this repository's app staged alone."""
+        if app is None:
+            from stage_app import stage
+
+            app = stage(Path(tempfile.mkdtemp(prefix="app-", dir=self.dir)))
         f = open(log, "w")  # noqa: SIM115 (closed by the child's exit)
         return subprocess.Popen(
-            ["flwr", "run", str(app or "."), self.conn, "--stream", "--run-config", run_config],
+            ["flwr", "run", str(app), self.conn, "--stream", "--run-config", run_config],
             env=self.env,
             cwd=ROOT,
             stdout=f,

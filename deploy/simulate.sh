@@ -69,10 +69,10 @@ stop_local_superlink() {
         echo "stopped the local SuperLink (pid $pid)"
     done
 }
-trap stop_local_superlink EXIT
 
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
-flwr run . local --stream \
+app="$(python "$(dirname "${BASH_SOURCE[0]}")/stage_app.py")"  # see run.sh
+trap 'rm -rf "$app"; stop_local_superlink' EXIT
+flwr run "$app" local --stream \
     --federation-config "num-supernodes=$n" \
     --run-config "num-clients=$n out=\"$out\" ${overrides[*]}"
 

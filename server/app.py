@@ -4,13 +4,14 @@ Settings come from the run config: ``[tool.flwr.app.config]`` in pyproject.toml,
 ``--run-config "k=v ..."`` overrides, parsed by the same RunConfig as ``fedhmc run``.
 ``algorithm = "async-sghmc"`` or ``"async-sgld"`` selects the asynchronous mode
 (:mod:`fedhmc_server.async_loop`); every other algorithm runs :mod:`fedhmc_server.loop`.
+This module imports no PyTorch: the ServerApp sends the size query
+(:mod:`fedhmc_server.startup`) before it loads the heavy modules.
 """
 
 from __future__ import annotations
 
-from fedhmc_server.async_loop import serve_async
-from fedhmc_server.loop import serve
 from fedhmc_server.progress import log_final, round_logger
+from fedhmc_server.startup import begin
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
@@ -26,12 +27,20 @@ def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) ->
     def main(grid: Grid, context: Context) -> None:
         run_cfg = cfg if cfg is not None else RunConfig.from_mapping(dict(context.run_config))
         try:
-            body = serve_async if run_cfg.algorithm in ASYNC_ALGORITHMS else serve
+            c = run_cfg.resolve()
+            # The clients answer the size query while this process imports PyTorch.
+            started = begin(
+                grid, c.min_clients or c.num_clients, c.node_wait_timeout, c.round_timeout
+            )
+            if run_cfg.algorithm in ASYNC_ALGORITHMS:
+                from fedhmc_server.async_loop import serve_async as body
+            else:
+                from fedhmc_server.loop import serve as body
             if result is None:  # deployed: one log line per round for `flwr run --stream`
-                out = body(grid, run_cfg, on_round=round_logger(run_cfg.rounds))
+                out = body(grid, run_cfg, on_round=round_logger(run_cfg.rounds), started=started)
                 log_final(out)
             else:
-                out = body(grid, run_cfg, progress=True)
+                out = body(grid, run_cfg, progress=True, started=started)
         except Exception as e:  # handed to the caller, which reports it on one line
             if result is None:
                 raise

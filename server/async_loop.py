@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 import torch
-from fedhmc_server.loop import query_sizes, wait_for_nodes
+from fedhmc_server.startup import Started, begin
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
@@ -230,12 +230,23 @@ class AsyncServer:
         write_csv_atomic(out_dir / "workers.csv", report["per_worker"], cols)
 
 
-def serve_async(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
-    """Run async-sghmc / async-sgld over the grid's workers; write the run's files."""
+def serve_async(
+    grid: Grid,
+    cfg: RunConfig,
+    progress: bool = False,
+    on_round=None,
+    started: Started | None = None,
+) -> RunResult:
+    """Run async-sghmc / async-sgld over the grid's workers; write the run's files.
+
+    ``started``: as for :func:`fedhmc_server.loop.serve`."""
     cfg = prepare(cfg)
+    if started is None:
+        started = begin(
+            grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout, cfg.round_timeout
+        )
     evaluator, model, dim, description = build_evaluator(cfg)
-    nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
-    sizes = query_sizes(grid, nodes, max(cfg.round_timeout, cfg.node_wait_timeout))
+    sizes = started.sizes()
     if len(sizes) < cfg.chains:
         raise ConfigError(
             f"{cfg.algorithm} gives each of the --chains {cfg.chains} servers its own "

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 
 from flwr.app import Message, RecordDict
 
@@ -24,6 +25,18 @@ log = logging.getLogger("fedhmc.server")
 POLL_FIRST_S = 0.005
 POLL_MAX_S = 0.1
 LATE_ROUNDS = 20
+
+
+@dataclass
+class Pending:
+    """The messages of one :meth:`Exchange.push` whose replies are still to be collected."""
+
+    group: str
+    number: int  # the exchange's count when pushed
+    start: float  # time.monotonic() of the push
+    ids: dict[str, int] = field(default_factory=dict)  # message id → node
+    failed: dict[int, str] = field(default_factory=dict)
+    unsent: tuple | None = None  # (nodes, messages) for a Grid without push_messages
 
 
 class Exchange:
@@ -48,26 +61,41 @@ class Exchange:
         ``timeout`` is the hard limit. ``deadline`` (seconds, optional) is the straggler
         deadline: once it has passed and at least one reply is in, the exchange closes
         with what it has, and the missing replies count as late."""
+        return self.collect(self.push(contents, message_type, group), timeout, deadline)
+
+    def push(self, contents: dict[int, RecordDict], message_type: str, group: str) -> Pending:
+        """Send one message per node and return at once; :meth:`collect` waits for the
+        replies. The time limits of ``collect`` count from here, so other work (imports,
+        loading data) can overlap the round trip."""
         self.count += 1
         msgs = [
             Message(content, dst_node_id=nid, message_type=message_type, group_id=group)
             for nid, content in contents.items()
         ]
+        pending = Pending(group, self.count, time.monotonic())
         try:
             ids = list(self.grid.push_messages(msgs))
         except NotImplementedError:  # a Grid with send_and_receive only (e.g. a test double)
-            return self._send_and_receive(contents, msgs, timeout)
-        pending: dict[str, int] = {}
-        failed: dict[int, str] = {}
+            pending.unsent = (list(contents), msgs)
+            return pending
         for nid, mid in zip(contents, ids + [None] * (len(msgs) - len(ids)), strict=True):
             if mid:
-                pending[str(mid)] = nid
+                pending.ids[str(mid)] = nid
             else:
-                failed[nid] = "the SuperLink refused the message"
+                pending.failed[nid] = "the SuperLink refused the message"
+        return pending
+
+    def collect(
+        self, sent: Pending, timeout: float, deadline: float | None = None
+    ) -> tuple[dict[int, Message], dict[int, str]]:
+        """The replies to the messages of one :meth:`push`: ({node: reply}, {node: why it
+        failed}); ``timeout`` and ``deadline`` as for a call, counted from the push."""
+        if sent.unsent is not None:
+            return self._send_and_receive(*sent.unsent, timeout)
+        pending, failed = sent.ids, sent.failed
         ok: dict[int, Message] = {}
-        start = time.monotonic()
-        hard = start + timeout
-        soft = hard if deadline is None else min(hard, start + deadline)
+        hard = sent.start + timeout
+        soft = hard if deadline is None else min(hard, sent.start + deadline)
         delay = POLL_FIRST_S
         while pending:
             got = self._pull(pending, ok, failed)
@@ -84,15 +112,15 @@ class Exchange:
                 if cut
                 else f"no reply within {timeout:g} s"
             )
-            self.late[mid] = (group, nid, self.count)
+            self.late[mid] = (sent.group, nid, sent.number)
         for mid, (_, _, n) in list(self.late.items()):
             if self.count - n >= LATE_ROUNDS:
                 del self.late[mid]
         return ok, failed
 
-    def _send_and_receive(self, contents, msgs, timeout):
+    def _send_and_receive(self, nodes, msgs, timeout):
         replies = list(self.grid.send_and_receive(msgs, timeout=timeout))
-        pending = {m.metadata.message_id: nid for nid, m in zip(contents, msgs, strict=True)}
+        pending = {m.metadata.message_id: nid for nid, m in zip(nodes, msgs, strict=True)}
         ok: dict[int, Message] = {}
         failed: dict[int, str] = {}
         for rep in replies:

@@ -14,47 +14,29 @@ from __future__ import annotations
 import dataclasses
 import logging
 import time
+from typing import TYPE_CHECKING
 
-import torch
-from fedhmc_server.exchange import Exchange
+from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.algorithms import fahmc
-from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
 from fedhmc.errors import FedHMCError
-from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.engine import (
-    RoundStats,
-    RunResult,
-    prepare,
-    run_loop,
-    sampler_settings,
-)
-from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
+
+if TYPE_CHECKING:
+    import torch
+
+    from fedhmc.runtime.engine import RoundStats, RunResult
+
+__all__ = ["query_sizes", "round_config", "serve", "wait_for_nodes"]
 
 log = logging.getLogger("fedhmc.server")
 
 
-def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
-    """Node ids once ``count`` are connected; a clear error after ``timeout`` seconds."""
-    deadline = time.monotonic() + timeout
-    while True:
-        nodes = sorted(grid.get_node_ids())
-        if len(nodes) >= count:
-            return nodes
-        if time.monotonic() > deadline:
-            raise FedHMCError(
-                f"only {len(nodes)} of the {count} clients needed connected within "
-                f"{timeout:g} s; start more SuperNodes, or lower --min-clients or raise "
-                "--node-wait-timeout"
-            )
-        time.sleep(0.05)
-
-
 def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
     """The round's ConfigRecord (:func:`fedhmc.runtime.wire.encode_round`)."""
+    from fedhmc.runtime import wire
+
     return ConfigRecord(wire.encode_round(cfg, round_, num_total))
 
 
@@ -66,36 +48,34 @@ def _as_int(value) -> int | float:
     return value if isinstance(value, (int, float)) else float("nan")
 
 
-def query_sizes(
-    grid: Grid, nodes: list[int], timeout: float, exchange: Exchange | None = None
-) -> dict[int, tuple[int, int]]:
-    """{node: (partition id, n_c)} of the nodes that answered the size query."""
-    exchange = exchange or Exchange(grid)
-    ok, failed = exchange({nid: RecordDict() for nid in nodes}, MessageType.QUERY, "sizes", timeout)
-    for nid, why in failed.items():
-        log.warning("client %s dropped: size query failed (%s)", nid, why)
-    sizes = {}
-    for nid, rep in ok.items():
-        m = rep.content["metrics"]
-        n_c, pid = m.get("num-examples"), m.get("partition-id")
-        if isinstance(n_c, int) and n_c >= 1 and isinstance(pid, int):
-            sizes[nid] = (pid, n_c)
-        else:
-            log.warning("client %s dropped: bad size reply %r", nid, dict(m))
-    if not sizes:
-        raise FedHMCError("no client answered the size query; check the SuperNodes' logs")
-    return sizes
+def serve(
+    grid: Grid,
+    cfg: RunConfig,
+    progress: bool = False,
+    on_round=None,
+    started: Started | None = None,
+) -> RunResult:
+    """Run FA-HMC over the grid's clients and write the run's files; the ServerApp's body.
 
+    ``started`` is the run's :func:`fedhmc_server.startup.begin` when the caller already
+    sent the size query (the ServerApp does, before its heavy imports)."""
+    cfg = cfg.resolve()
+    if started is None:
+        started = begin(
+            grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout, cfg.round_timeout
+        )
+    # The heavy part, while the size query is in flight.
+    import torch
 
-def serve(grid: Grid, cfg: RunConfig, progress: bool = False, on_round=None) -> RunResult:
-    """Run FA-HMC over the grid's clients and write the run's files; the ServerApp's body."""
+    from fedhmc.algorithms import fahmc
+    from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
+    from fedhmc.runtime.engine import RoundStats, prepare, run_loop, sampler_settings
+    from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
+
     cfg = prepare(cfg)
     evaluator, model, dim, description = build_evaluator(cfg)
-    nodes = wait_for_nodes(grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout)
-    exchange = Exchange(grid)
-    # Start-up (each ClientApp's first imports) gets the node-wait deadline too.
-    startup = max(cfg.round_timeout, cfg.node_wait_timeout)
-    sizes = query_sizes(grid, nodes, startup, exchange)
+    exchange = started.exchange
+    sizes = started.sizes()
     num_total = sum(n for _, n in sizes.values())
     settings = sampler_settings(cfg)
     dtype = torch_dtype(cfg)

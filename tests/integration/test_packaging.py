@@ -105,3 +105,34 @@ def test_core_never_imports_flwr():
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_the_app_ships_the_library_only_and_the_staged_copy_builds_the_same_fab(tmp_path):
+    """`flwr run` ships pyproject.toml and fedhmc/*.py (Flower unpacks the app for every
+    message, so docs and results would cost time on each); deploy/run.sh's staged copy of
+    the app builds the very FAB that the repository root builds."""
+    from flwr.cli.build import build_fab_from_disk
+
+    sys.path.insert(0, str(ROOT / "deploy"))
+    try:
+        from stage_app import stage
+    finally:
+        sys.path.remove(str(ROOT / "deploy"))
+    staged = stage(tmp_path / "app")
+    from_root = build_fab_from_disk(ROOT)
+    assert build_fab_from_disk(staged) == from_root
+    import io
+
+    names = zipfile.ZipFile(io.BytesIO(from_root)).namelist()
+    shipped = [n for n in names if not n.startswith(".info/")]
+    assert "pyproject.toml" in shipped and "fedhmc/__init__.py" in shipped
+    assert all(
+        n == "pyproject.toml" or (n.startswith("fedhmc/") and n.endswith(".py")) for n in shipped
+    ), shipped
+
+
+def test_the_server_app_imports_no_torch():
+    """The ServerApp sends the size query before it imports PyTorch (start-up overlap)."""
+    code = "import sys, fedhmc_server.app; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

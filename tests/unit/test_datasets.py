@@ -361,3 +361,29 @@ def test_real_fashion_mnist(monkeypatch):
     assert torch.equal(torch.bincount(ds.y_test), torch.full((10,), 1000))
     assert ds.X_train.min() == 0.0 and ds.X_train.max() == 1.0
     assert str(REAL_FASHION) in ds.description
+
+
+def test_cifar_file_names_are_torchvisions():
+    """The loader names the release's files itself (so that importing it costs no
+    torchvision import); they must stay torchvision's."""
+    from fedhmc_datasets import cifar
+    from torchvision.datasets import CIFAR10
+
+    assert cifar.BATCH_DIR == CIFAR10.base_folder
+    expected = [f for f, _ in CIFAR10.train_list + CIFAR10.test_list] + [CIFAR10.meta["filename"]]
+    assert list(cifar.BATCH_FILES) == expected
+    assert cifar.META_FILE == CIFAR10.meta["filename"]
+
+
+def test_dataset_registry_imports_neither_torchvision_nor_sklearn():
+    """A digits or Fashion-MNIST run must not pay for torchvision's import, nor any run
+    for scikit-learn's before it loads a scikit-learn dataset."""
+    import subprocess
+    import sys
+
+    code = (
+        "import sys, fedhmc_datasets.registry; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} & {'torchvision', 'sklearn'}))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
