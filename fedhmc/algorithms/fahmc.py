@@ -375,7 +375,11 @@ def _clients_round(
         round_=round_,
         momentum=None if momentum is None else momentum.unsqueeze(1),
         origin=None if origin is None else origin.unsqueeze(1),
-        reshuffle_keys=data_keys(seeds, chains),
+        reshuffle_keys=(
+            data_keys(seeds, chains)
+            if getattr(target, "minibatch", "uniform") == "reshuffle"
+            else None
+        ),
     )
 
 
