@@ -29,6 +29,8 @@ MINIBATCH_LAWS = ("uniform", "reshuffle")
 
 PREFETCH_MAX_VALUES = 1 << 21
 """At most this many minibatch uniforms are drawn ahead in one :meth:`DataTarget.prefetch`."""
+PREFETCH_MAX_GATHER_BYTES = 16 << 20
+"""Prefetched minibatches up to this size are also gathered ahead, all in one go."""
 
 
 class DataTarget:
@@ -164,7 +166,7 @@ class DataTarget:
             plan is not None
             and plan[0] is keys
             and plan[1] <= start
-            and start + count <= plan[1] + plan[2].shape[2]
+            and start + count <= plan[1] + plan[2].shape[0]
         ):
             return
         per_eval = keys.numel() * self.X.shape[1]
@@ -174,14 +176,30 @@ class DataTarget:
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)
         # The B_c smallest uniforms of client c: a uniformly random subset of its points.
         idx = torch.topk(u, self._b_max, dim=-1, largest=False, sorted=self._ragged).indices
-        self._plan = (keys, start, idx)
+        # Stored as rows of the flattened (N · n_max, F) data, evaluation-major, so that an
+        # evaluation's rows are one contiguous (S, N, B) block.
+        flat = (idx + self._row_offsets.unsqueeze(-1)).permute(2, 0, 1, 3).contiguous()
+        # Where the drawn minibatches are small, gather all their rows now: one index_select
+        # per round instead of two per evaluation (the same rows).
+        rows = None
+        if flat.numel() * self.X.shape[2] * self.X.element_size() <= PREFETCH_MAX_GATHER_BYTES:
+            n_all = self.num_clients * self.X.shape[1]
+            Xg = torch.index_select(self.X.view(n_all, -1), 0, flat.view(-1))
+            yg = torch.index_select(self.y.view(-1), 0, flat.view(-1))
+            rows = (Xg.view(*flat.shape, -1), yg.view(flat.shape))
+        self._plan = (keys, start, flat, rows)
+
+    def _flat_indices(self, keys: torch.Tensor, index: int) -> torch.Tensor:
+        """Evaluation ``index``'s minibatch as rows of the flattened data, (S, N, B)."""
+        plan = self._plan
+        if plan is not None and plan[0] is keys and 0 <= index - plan[1] < plan[2].shape[0]:
+            return plan[2][index - plan[1]]
+        self.prefetch(keys, index, 1)
+        return self._plan[2][0]
 
     def _indices(self, keys: torch.Tensor, index: int) -> torch.Tensor:
-        plan = getattr(self, "_plan", None)
-        if plan is not None and plan[0] is keys and 0 <= index - plan[1] < plan[2].shape[2]:
-            return plan[2][:, :, index - plan[1]]
-        self.prefetch(keys, index, 1)
-        return self._plan[2][:, :, 0]
+        """Evaluation ``index``'s minibatch as each client's own row numbers, (S, N, B)."""
+        return self._flat_indices(keys, index) - self._row_offsets
 
     def reshuffle_indices(
         self, keys: torch.Tensor, index: int
@@ -224,14 +242,18 @@ class DataTarget:
             return X, y, sw
         if self.minibatch == "reshuffle":
             idx, sw = self.reshuffle_indices(keys, index)
+            flat = (idx + self._row_offsets).reshape(-1)
         else:
-            idx = self._indices(keys, index)  # (S, N, B)
+            flat = self._flat_indices(keys, index).view(-1)  # prefetched, (S·N·B,)
             sw = self._batch_sw.unsqueeze(0).expand(S, N, -1)
+            rows = self._plan[3]
+            if rows is not None:  # gathered ahead by prefetch
+                j = index - self._plan[1]
+                return rows[0][j], rows[1][j], sw
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (measured by python -m benchmarks).
         n_max = self.X.shape[1]
-        flat = (idx + self._row_offsets).reshape(-1)
-        B = idx.shape[-1]
+        B = sw.shape[-1]
         bufs = self._buffers.get((S, B))
         if bufs is None:
             bufs = (
