@@ -22,7 +22,6 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
-
 _MINUS_ONE: dict = {}
 
 
