@@ -773,8 +773,8 @@ def main(argv=None) -> int:
             T, K, rounds, repeats = 1, 2, 1, 1
         elif big:
             T, K, rounds, repeats = 1, 10, 1, 3
-        else:
-            T, K, rounds, repeats = 5, 10, 1, 3
+        else:  # 4 rounds: each timing lasts tens of milliseconds, not a few
+            T, K, rounds, repeats = 5, 10, 4, 3
         if args.repeats is not None:
             repeats = args.repeats
         stages.next(f"{shape.label}")
