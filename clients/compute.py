@@ -14,11 +14,15 @@ from fedhmc_clients.task import (
     anchor_step,
     async_gradient,
     client_config,
+    colocated_update,
     local_update,
     num_examples,
 )
 
 KINDS = ("query", "train", "grad")
+COLOCATED_KEY = "simulation-colocated"
+"""Run-config key that the Flower simulation sets: its clients share one process, so a
+round of ``train`` messages is computed in one batch (:func:`colocated_update`)."""
 
 
 def identity(run_config: dict, node_config: dict):
@@ -48,16 +52,23 @@ def compute(
         correction, local_grad = anchor_step(
             cfg, pid, theta_bar, config, seed, arrays.get("anchor"), arrays.get("anchor-grad")
         )
-    theta, n_c, energy, momentum, energy_error = local_update(
-        cfg,
-        pid,
-        theta_bar,
-        config,
-        seed,
-        correction,
-        momentum=arrays.get("momentum"),
-        origin=arrays.get("origin"),
-    )
+    done = None
+    if run_config.get(COLOCATED_KEY) and correction is None and seed is None:
+        done = colocated_update(
+            cfg, pid, theta_bar, config, arrays.get("momentum"), arrays.get("origin")
+        )
+    if done is None:
+        done = local_update(
+            cfg,
+            pid,
+            theta_bar,
+            config,
+            seed,
+            correction,
+            momentum=arrays.get("momentum"),
+            origin=arrays.get("origin"),
+        )
+    theta, n_c, energy, momentum, energy_error = done
     out = {"theta": theta}
     if momentum is not None:
         out["momentum"] = momentum

@@ -10,7 +10,7 @@ from __future__ import annotations
 import torch
 
 from fedhmc.algorithms.debiased import client_anchor_gradient
-from fedhmc.algorithms.fahmc import client_seed, client_update
+from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed, run_clients
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
@@ -120,6 +120,70 @@ def local_update(
     p = None if info.momentum is None else info.momentum.numpy()
     de = float(info.energy_error.mean())
     return theta.numpy(), n_c, float(info.energy.max()), p, de
+
+
+# A simulation's co-located clients: the last round computed for all of them at once.
+_COLOCATED: dict = {}
+
+
+def colocated_update(
+    cfg: RunConfig, partition_id: int, theta_bar, round_config: dict, momentum=None, origin=None
+):
+    """:func:`local_update` for a client of a Flower simulation, whose clients all live
+    in this process: the first message of a round runs every client's round in one batched
+    computation (:func:`fedhmc.algorithms.fahmc.run_clients`) and the round's other
+    messages take their own rows. Each client's numbers are those of :func:`local_update`
+    (the batched engine's); the messages, replies and failures stay per client. Returns
+    None where it does not apply (another round seed than the run's), and the caller
+    computes alone.
+    """
+    cfg = wire.apply_data(cfg, round_config)
+    round_ = int(round_config["round"])
+    if int(round_config["round-seed"]) != round_seed(cfg.seed, round_):
+        return None
+    num_total = int(round_config["num-examples-total"])
+    dtype = torch_dtype(cfg)
+    theta_bar = torch.as_tensor(theta_bar).to(dtype)
+    momentum = None if momentum is None else torch.as_tensor(momentum).to(dtype)
+    origin = None if origin is None else torch.as_tensor(origin).to(dtype)
+    key = (
+        _target_key(cfg, -1, num_total),
+        tuple(sorted((k, str(v)) for k, v in round_config.items())),
+    )
+    last = _COLOCATED.get("round")
+    if not (
+        last is not None
+        and last[0] == key
+        and all(_same(a, b) for a, b in zip(last[1], (theta_bar, momentum, origin), strict=True))
+    ):
+        tkey = ("all", *key[0])
+        if tkey not in _TARGETS:
+            from fedhmc.runtime.problem import build_clients_target
+
+            _TARGETS[tkey] = build_clients_target(cfg, num_total)
+        target = _TARGETS[tkey]
+        s = wire.decode_sampler(round_config)
+        theta, info = run_clients(
+            target, theta_bar, cfg.seed, round_, s, momentum=momentum, origin=origin
+        )
+        last = (key, (theta_bar, momentum, origin), theta, info, getattr(target, "counts", None))
+        _COLOCATED["round"] = last
+    _, _, theta, info, counts = last
+    c = partition_id
+    p = None if info.momentum is None else info.momentum[:, c].numpy()
+    return (
+        theta[:, c].numpy(),
+        int(counts[c]) if counts is not None else 1,
+        float(info.energy[:, c].max()),
+        p,
+        float(info.energy_error[:, c].mean()),
+    )
+
+
+def _same(a, b) -> bool:
+    if a is None or b is None:
+        return a is None and b is None
+    return a.shape == b.shape and torch.equal(a, b)
 
 
 def anchor_step(

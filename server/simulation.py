@@ -59,6 +59,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     flower_environment()
     cfg = prepare(cfg)
     from fedhmc_clients.app import make_client_app
+    from fedhmc_clients.compute import COLOCATED_KEY
     from fedhmc_server.app import make_server_app
     from flwr.simulation import run_simulation
 
@@ -83,7 +84,9 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
-    client = client_app or make_client_app(cfg.to_run_config())
+    # The virtual clients share this machine: they compute each round in one batch, in one
+    # Ray worker with every core (fedhmc_clients.task.colocated_update).
+    client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: True})
     logging.getLogger("flwr").setLevel(logging.ERROR)
     try:
         if old_handlers:
@@ -94,7 +97,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
 
             def body() -> None:
                 try:
-                    _simulate(run_simulation, server, client, cfg)
+                    _simulate(run_simulation, server, client, cfg, client_app is None)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                     failure.append(e)
 
@@ -109,7 +112,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
             if failure:
                 raise failure[0]
         else:
-            _simulate(run_simulation, server, client, cfg)
+            _simulate(run_simulation, server, client, cfg, client_app is None)
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
@@ -121,8 +124,11 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     return result["result"]
 
 
-def _simulate(run_simulation, server, client, cfg: RunConfig) -> None:
+def _simulate(run_simulation, server, client, cfg: RunConfig, colocated: bool = True) -> None:
     cpus = max(1, min(os.cpu_count() or 1, cfg.num_clients))
+    # Co-located clients compute a round in one batch: one worker holding every core does
+    # it once. Clients that compute alone get a worker per core.
+    per_client = cpus if colocated else 1
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         run_simulation(
@@ -130,7 +136,7 @@ def _simulate(run_simulation, server, client, cfg: RunConfig) -> None:
             client_app=client,
             num_supernodes=cfg.num_clients,
             backend_config={
-                "client_resources": {"num_cpus": 1, "num_gpus": 0.0},
+                "client_resources": {"num_cpus": per_client, "num_gpus": 0.0},
                 "init_args": {
                     "num_cpus": cpus,
                     "num_gpus": 0,

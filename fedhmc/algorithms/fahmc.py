@@ -383,6 +383,44 @@ def _clients_round(
     )
 
 
+def run_clients(
+    target,
+    theta_bar: torch.Tensor,
+    seed: int,
+    round_: int,
+    settings: SamplerSettings,
+    chains: torch.Tensor | None = None,
+    client_ids: torch.Tensor | None = None,
+    correction: torch.Tensor | None = None,
+    momentum: torch.Tensor | None = None,
+    origin: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, RoundInfo]:
+    """Every client's own round from the broadcast θ̄, batched, before averaging.
+
+    The arguments are :func:`run_round`'s. Returns the clients' positions (S, N, D) and the
+    round's :class:`RoundInfo` with each client's end momentum (S, N, D) under
+    ``sync_unit="leapfrog"``: client c's slice is what :func:`client_update` gives it.
+    """
+    S, D = theta_bar.shape
+    N = target.num_clients
+    device = theta_bar.device
+    chains = torch.arange(S, device=device) if chains is None else chains
+    ids = torch.arange(N) if client_ids is None else client_ids
+    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    return _clients_round(
+        target,
+        theta_bar,
+        round_seed(seed, round_),
+        seeds,
+        chains,
+        round_,
+        settings,
+        correction,
+        momentum,
+        origin,
+    )
+
+
 def run_round(
     target,
     theta_bar: torch.Tensor,
@@ -419,23 +457,8 @@ def run_round(
         The new average (S, D) and the round's :class:`RoundInfo`, whose ``momentum`` is
         the averaged momentum (S, D) under ``sync_unit="leapfrog"``.
     """
-    S, D = theta_bar.shape
-    N = target.num_clients
-    device = theta_bar.device
-    chains = torch.arange(S, device=device) if chains is None else chains
-    ids = torch.arange(N) if client_ids is None else client_ids
-    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
-    theta, info = _clients_round(
-        target,
-        theta_bar,
-        round_seed(seed, round_),
-        seeds,
-        chains,
-        round_,
-        settings,
-        correction,
-        momentum,
-        origin,
+    theta, info = run_clients(
+        target, theta_bar, seed, round_, settings, chains, client_ids, correction, momentum, origin
     )
     if info.momentum is not None:
         info.momentum = weighted_average(info.momentum, target.weights)

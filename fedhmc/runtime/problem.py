@@ -197,21 +197,36 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
             target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
-    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
-    client_parts = [(data.X_train[idx], data.y_train[idx]) for idx in parts]
-    target = DataTarget(
-        model,
-        client_parts,
-        cfg.batch_size,
-        cfg.prior_std,
-        dtype=dtype,
-        device=device,
-        minibatch=cfg.minibatch or "uniform",
-    )
+    target = _clients_data_target(cfg, data, parts, None, device)
+    model = target.model
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
     )
     return Problem(target, evaluator, model, data.description)
+
+
+def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, device):
+    """The DataTarget of every client's partition (n = ``num_total``, default Σ n_c)."""
+    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    return DataTarget(
+        model,
+        [(data.X_train[idx], data.y_train[idx]) for idx in parts],
+        cfg.batch_size,
+        cfg.prior_std,
+        num_total=num_total,
+        dtype=torch_dtype(cfg),
+        device=device,
+        minibatch=cfg.minibatch or "uniform",
+    )
+
+
+def build_clients_target(cfg: RunConfig, num_total: int | None = None, device="cpu"):
+    """Every client's target in one: what the co-located clients of a Flower simulation
+    compute with (:func:`fedhmc_clients.task.colocated_update`)."""
+    if cfg.dataset in GAUSSIAN_TARGETS:
+        return hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
+    data, parts = load_client_data(cfg)
+    return _clients_data_target(cfg, data, parts, num_total, device)
 
 
 def build_client_target(

@@ -15,6 +15,7 @@ import tomllib
 import torch
 from _grids import LocalGrid
 from fedhmc_clients.app import handle_train, make_client_app
+from fedhmc_clients.compute import COLOCATED_KEY
 from fedhmc_server.loop import serve
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
@@ -67,9 +68,10 @@ def small_cfg(tmp_path, name, **kw):
     return RunConfig(**base)
 
 
-def run_grid(cfg, client_app=None):
+def run_grid(cfg, client_app=None, colocated=False):
     rc = cfg.to_run_config()
-    grid = InProcessGrid(client_app or make_client_app(), cfg.num_clients, rc)
+    app = client_app or make_client_app({COLOCATED_KEY: True} if colocated else None)
+    grid = InProcessGrid(app, cfg.num_clients, rc)
     return serve(grid, cfg), grid
 
 
@@ -102,10 +104,13 @@ def test_flower_apps_equal_the_engine(tmp_path, rho):
         dict(sync_unit="leapfrog", restart_trajectories=True, fresh_gradients=True),
     ],
 )
-def test_flower_apps_equal_the_engine_under_leapfrog_sync(tmp_path, extra):
+@pytest.mark.parametrize("colocated", [False, True])
+def test_flower_apps_equal_the_engine_under_leapfrog_sync(tmp_path, extra, colocated):
+    # colocated: the clients share a process and compute each round in one batch, as in
+    # the Flower simulation; the messages, and the run, are the same.
     cfg = small_cfg(tmp_path, "e", **{"rounds": 6, "burn_in": 0, **extra})
     engine = run(cfg, progress=False)
-    flower, grid = run_grid(cfg.replace(out=str(tmp_path / "f")))
+    flower, grid = run_grid(cfg.replace(out=str(tmp_path / "f")), colocated=colocated)
     assert_same_run(engine, flower)
     assert engine.history[-1]["samples"] > 0
     sent = [m for m in grid.sent if m.metadata.message_type == "train"]
@@ -114,6 +119,25 @@ def test_flower_apps_equal_the_engine_under_leapfrog_sync(tmp_path, extra):
     }
     settings = sampler_settings(engine.config)
     assert with_momentum == {r for r in range(1, 7) if settings.starts_mid_trajectory(r)}
+
+
+def test_colocated_rows_are_each_clients_own_round(tmp_path):
+    from fedhmc_clients.task import colocated_update, local_update
+
+    from fedhmc.runtime import wire
+
+    cfg = small_cfg(tmp_path, "c", rho=0.5, chains=2).resolve()
+    target = build_problem(cfg).target
+    theta_bar = np.random.default_rng(0).normal(size=(2, target.dim)).astype(np.float32)
+    config = wire.encode_round(cfg, 2, target.num_total)
+    for pid in (2, 0, 3):  # any order: the first message computes the round for all
+        got = colocated_update(cfg, pid, theta_bar, config)
+        want = local_update(cfg, pid, theta_bar, config, None)
+        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
+        assert got[1] == want[1]
+        assert got[2] == pytest.approx(want[2], rel=1e-5)
+    # a message of another round seed is not the run's: the caller computes alone
+    assert colocated_update(cfg, 0, theta_bar, {**config, "round-seed": 12345}) is None
 
 
 @pytest.mark.parametrize("anchor_batch", [0, 8])
