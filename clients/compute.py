@@ -14,6 +14,7 @@ from fedhmc_clients.task import (
     anchor_step,
     async_gradient,
     client_config,
+    colocated_target,
     colocated_update,
     local_update,
     num_examples,
@@ -40,6 +41,8 @@ def compute(
     cfg, pid = identity(run_config, node_config)
     seed = node_config.get("private-seed")
     if kind == "query":
+        if run_config.get(COLOCATED_KEY):
+            colocated_target(cfg)  # loaded now, with the start-up, not in round 1
         return {}, {"num-examples": num_examples(cfg, pid), "partition-id": pid}
     if kind == "grad":
         grad, n_c = async_gradient(cfg, pid, arrays["theta"], config, seed)

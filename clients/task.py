@@ -156,12 +156,7 @@ def colocated_update(
         and last[0] == key
         and all(_same(a, b) for a, b in zip(last[1], (theta_bar, momentum, origin), strict=True))
     ):
-        tkey = ("all", *key[0])
-        if tkey not in _TARGETS:
-            from fedhmc.runtime.problem import build_clients_target
-
-            _TARGETS[tkey] = build_clients_target(cfg, num_total)
-        target = _TARGETS[tkey]
+        target = colocated_target(cfg, num_total)
         s = wire.decode_sampler(round_config)
         theta, info = run_clients(
             target, theta_bar, cfg.seed, round_, s, momentum=momentum, origin=origin
@@ -178,6 +173,23 @@ def colocated_update(
         p,
         float(info.energy_error[:, c].mean()),
     )
+
+
+def colocated_target(cfg: RunConfig, num_total: int | None = None):
+    """Every client's target in one, loaded once per process (its n is Σ n_c unless
+    ``num_total`` says otherwise). The simulation's clients load it when they are first
+    asked their sizes, so that the rounds do not."""
+    key = ("all", *_target_key(cfg, -1, None))
+    target = _TARGETS.get(key)
+    if target is None or _num_total(target) not in (None, num_total or _num_total(target)):
+        from fedhmc.runtime.problem import build_clients_target
+
+        target = _TARGETS[key] = build_clients_target(cfg, num_total)
+    return target
+
+
+def _num_total(target) -> int | None:
+    return getattr(target, "num_total", None)
 
 
 def _same(a, b) -> bool:
