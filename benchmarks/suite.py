@@ -722,7 +722,7 @@ def main(argv=None) -> int:
         help=f"comma-separated subset of {', '.join(GROUPS)} (default: all)",
     )
     ap.add_argument("--repeats", type=int, default=None, help="timed repeats per strategy")
-    ap.add_argument("--flower-rounds", type=int, default=2, help="rounds of the Flower run")
+    ap.add_argument("--flower-rounds", type=int, default=6, help="rounds of the Flower run")
     ap.add_argument("--memory-rounds", type=int, default=5, help="rounds of the memory run")
     ap.add_argument("--deploy-rounds", type=int, default=6, help="rounds of each deployed run")
     ap.add_argument(
