@@ -188,12 +188,47 @@ def _counters(hi: int, n: int, device: torch.device) -> torch.Tensor:
     return (hi << 33) | (torch.arange(n, dtype=torch.int64, device=device) << 1)
 
 
+_MIXED: dict[tuple, np.ndarray] = {}
+_MIXED_BUDGET = 32 << 20  # bytes of cached counter hashes
+
+
+def _mixed_counters(hi: int, count: int, n: int, odd: int = 0) -> np.ndarray:
+    """``mix(counter + golden)`` of draws ``hi … hi+count−1`` (elements 0 … n−1, Box-Muller
+    half ``odd``), (count, n): the half of the hash that does not depend on the key, the
+    same in every round, so kept (read-only) up to :data:`_MIXED_BUDGET` bytes."""
+    key = (hi, count, n, odd)
+    got = _MIXED.get(key)
+    if got is None:
+        _check_hi(hi + count - 1)
+        if n > MAX_ELEMENTS:
+            raise ValueError(f"cannot draw {n} numbers at once (at most {MAX_ELEMENTS})")
+        rows = (np.arange(hi, hi + count, dtype=np.uint64) << np.uint64(33)).reshape(-1, 1)
+        cols = (np.arange(n, dtype=np.uint64) << np.uint64(1)) | np.uint64(odd)
+        got = _mix_np((rows | cols) + _NP_GOLDEN)
+        if got.nbytes <= _MIXED_BUDGET // 8:
+            while _MIXED and sum(a.nbytes for a in _MIXED.values()) + got.nbytes > _MIXED_BUDGET:
+                del _MIXED[next(iter(_MIXED))]  # the oldest first
+            got.flags.writeable = False
+            _MIXED[key] = got
+    return got
+
+
+def _keyed_np(keys: torch.Tensor, mixed: np.ndarray) -> np.ndarray:
+    """``mix(key ^ mixed)`` for every key: keys (...) against mixed counters (...,) → new
+    uint64 array of shape keys.shape + mixed.shape."""
+    k = _u64(keys).reshape(keys.shape + (1,) * mixed.ndim)
+    return _mix_np(np.bitwise_xor(k, mixed))
+
+
 def uniform(keys: torch.Tensor, hi: int, n: int) -> torch.Tensor:
     """Uniform(0, 1) float64 draws, shape ``keys.shape + (n,)``, 53 random bits each.
 
     Element ``i`` of the draw with index ``hi`` under a given key is the same number
     whatever ``n`` is, so a padded draw agrees with an unpadded one on the common prefix.
     """
+    if keys.device.type == "cpu":
+        bits = _keyed_np(keys, _mixed_counters(hi, 1, n)[0])
+        return _to_unit(torch.from_numpy(bits.view(np.int64)))
     return _to_unit(_bits(keys.unsqueeze(-1), _counters(hi, n, keys.device)))
 
 
@@ -203,6 +238,9 @@ def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tens
     Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
     """
     _check_hi(hi + count - 1)
+    if keys.device.type == "cpu":
+        bits = _keyed_np(keys, _mixed_counters(hi, count, n))
+        return _to_unit(torch.from_numpy(bits.view(np.int64)))
     first = _counters(hi, n, keys.device)
     steps = torch.arange(count, dtype=torch.int64, device=keys.device) << 33
     counters = first + steps.unsqueeze(1)  # (count, n): row j is _counters(hi + j, n)
@@ -222,14 +260,15 @@ def normal(keys: torch.Tensor, hi: int, n: int, dtype: torch.dtype = torch.float
 
     Element ``i`` uses the two uniforms at counters ``2i`` and ``2i + 1`` of draw ``hi``.
     """
-    c = _counters(hi, n, keys.device)
-    k = keys.unsqueeze(-1)
     if keys.device.type == "cpu":  # the integer work in NumPy: the same 53-bit integers
-        kn, cn = _u64(k), _u64(c)
         top = np.uint64(11)
-        u1 = torch.from_numpy((_bits_np(kn, cn) >> top).astype(np.float64))
-        u2 = torch.from_numpy((_bits_np(kn, cn | np.uint64(1)) >> top).astype(np.float64))
+        b1 = _keyed_np(keys, _mixed_counters(hi, 1, n, 0)[0])
+        b2 = _keyed_np(keys, _mixed_counters(hi, 1, n, 1)[0])
+        u1 = torch.from_numpy((b1 >> top).astype(np.float64))
+        u2 = torch.from_numpy((b2 >> top).astype(np.float64))
     else:
+        c = _counters(hi, n, keys.device)
+        k = keys.unsqueeze(-1)
         u1 = _shr(_bits(k, c), 11).to(torch.float64)
         u2 = _shr(_bits(k, c | 1), 11).to(torch.float64)
     # 1 - u keeps the logarithm's argument in (0, 1].
