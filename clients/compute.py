@@ -56,7 +56,8 @@ def compute(
             cfg, pid, theta_bar, config, seed, arrays.get("anchor"), arrays.get("anchor-grad")
         )
     done = None
-    if run_config.get(COLOCATED_KEY) and correction is None and seed is None:
+    plain = config.get("algorithm", "fahmc") == "fahmc" and correction is None
+    if run_config.get(COLOCATED_KEY) and plain and seed is None:
         done = colocated_update(
             cfg, pid, theta_bar, config, arrays.get("momentum"), arrays.get("origin")
         )
