@@ -84,9 +84,10 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
-    # The virtual clients share this machine: they compute each round in one batch, in one
-    # Ray worker with every core (fedhmc_clients.task.colocated_update).
-    client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: True})
+    # The virtual clients share this machine: plain FA-HMC computes each round in one
+    # batch, in one Ray worker with every core (fedhmc_clients.task.colocated_update).
+    colocated = client_app is None and cfg.algorithm == "fahmc"
+    client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
     logging.getLogger("flwr").setLevel(logging.ERROR)
     try:
         if old_handlers:
@@ -97,7 +98,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
 
             def body() -> None:
                 try:
-                    _simulate(run_simulation, server, client, cfg, client_app is None)
+                    _simulate(run_simulation, server, client, cfg, colocated)
                 except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
                     failure.append(e)
 
@@ -112,7 +113,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
             if failure:
                 raise failure[0]
         else:
-            _simulate(run_simulation, server, client, cfg, client_app is None)
+            _simulate(run_simulation, server, client, cfg, colocated)
     finally:
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
