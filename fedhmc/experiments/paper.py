@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, FedHMCError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
 
@@ -198,8 +198,14 @@ def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str
     bar = bar_or_null(len(todo), desc, "cell")
     if workers <= 1:
         for cid, settings in todo:
-            run_cell(settings, str(out / "cells" / cid), threads=None)
+            res = run_cell(settings, str(out / "cells" / cid), threads=None)
             bar.update(1)
+            if res["status"] == "interrupted":  # a signal stops the experiment, not the cell
+                bar.close()
+                raise FedHMCError(
+                    f"stopped in cell {cid} (its checkpoint is written); "
+                    "run the same command again to continue"
+                )
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed

@@ -293,3 +293,24 @@ def test_a_worker_whose_sweep_is_gone_starts_no_cell(tmp_path, monkeypatch):
     res = cells.run_cell({"rounds": 2}, str(tmp_path / "cell"))
     assert res["status"] == "interrupted"
     assert not (tmp_path / "cell").exists()
+
+
+def test_a_signal_stops_a_paper_experiment_not_just_its_cell(tmp_path, monkeypatch):
+    # One process, cells in turn: the first cell is stopped by a signal (run_cell reports
+    # "interrupted"); the experiment must stop there instead of starting the next cell.
+    import fedhmc.sweep.cells as cells
+    from fedhmc.errors import FedHMCError
+    from fedhmc.experiments import paper
+
+    started = []
+
+    def fake_run_cell(settings, cell_dir, threads=None):
+        started.append(cell_dir)
+        return {"status": "interrupted", "error": "stopped by SIGTERM"}
+
+    monkeypatch.setattr(cells, "run_cell", fake_run_cell)
+    monkeypatch.setattr(cells, "_cell_done", lambda cell_dir, cfg: False)
+    todo = [(f"c{i}", {"dataset": "digits", "rounds": 2, "seed": i}) for i in range(3)]
+    with pytest.raises(FedHMCError, match="stopped in cell c0"):
+        paper._run_cells(tmp_path, todo, 1, "cells")
+    assert len(started) == 1
