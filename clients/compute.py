@@ -56,7 +56,7 @@ def compute(
             cfg, pid, theta_bar, config, seed, arrays.get("anchor"), arrays.get("anchor-grad")
         )
     done = None
-    plain = config.get("algorithm", "fahmc") == "fahmc" and correction is None
+    plain = config.get("algorithm", "fahmc") == "fahmc"  # debiased rounds: per client
     if run_config.get(COLOCATED_KEY) and plain and seed is None:
         done = colocated_update(
             cfg, pid, theta_bar, config, arrays.get("momentum"), arrays.get("origin")

@@ -181,15 +181,12 @@ def colocated_target(cfg: RunConfig, num_total: int | None = None):
     asked their sizes, so that the rounds do not."""
     key = ("all", *_target_key(cfg, -1, None))
     target = _TARGETS.get(key)
-    if target is None or _num_total(target) not in (None, num_total or _num_total(target)):
+    stale = num_total is not None and getattr(target, "num_total", num_total) != num_total
+    if target is None or stale:
         from fedhmc.runtime.problem import build_clients_target
 
         target = _TARGETS[key] = build_clients_target(cfg, num_total)
     return target
-
-
-def _num_total(target) -> int | None:
-    return getattr(target, "num_total", None)
 
 
 def _same(a, b) -> bool:

@@ -136,9 +136,8 @@ def _derive_ints(key: int, parts) -> int:
 
 
 def _bits(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
-    """Hash of (key, counter): ``mix(key ^ mix(counter + golden))``, broadcast."""
-    if keys.device.type == "cpu" and counters.device.type == "cpu":
-        return torch.from_numpy(_bits_np(_u64(keys), _u64(counters)).view(np.int64))
+    """Hash of (key, counter): ``mix(key ^ mix(counter + golden))``, broadcast (off the
+    CPU; the CPU paths hash in NumPy, :func:`_keyed_np`)."""
     return _mix(keys ^ _mix(counters + _GOLDEN_S))
 
 

@@ -34,7 +34,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedhmc.errors import ConfigError, FedHMCError
+from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
 
@@ -183,7 +183,7 @@ def _cell_id(protocol: str, axis: str, value: int, eta: float | None, seed: int 
 
 def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str) -> None:
     """Run the cells not yet completed, ``workers`` at a time, with a progress bar."""
-    from fedhmc.sweep.cells import _cell_done, run_cell
+    from fedhmc.sweep.cells import _cell_done, run_cell, stop_if_interrupted
 
     todo = []
     for cid, settings in cells:
@@ -200,12 +200,9 @@ def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str
         for cid, settings in todo:
             res = run_cell(settings, str(out / "cells" / cid), threads=None)
             bar.update(1)
-            if res["status"] == "interrupted":  # a signal stops the experiment, not the cell
+            if res["status"] == "interrupted":
                 bar.close()
-                raise FedHMCError(
-                    f"stopped in cell {cid} (its checkpoint is written); "
-                    "run the same command again to continue"
-                )
+            stop_if_interrupted(cid, res)
     else:
         import multiprocessing
         from concurrent.futures import ProcessPoolExecutor, as_completed

@@ -244,12 +244,13 @@ class DataTarget:
             idx, sw = self.reshuffle_indices(keys, index)
             flat = (idx + self._row_offsets).reshape(-1)
         else:
-            flat = self._flat_indices(keys, index).view(-1)  # prefetched, (S·N·B,)
+            flat = self._flat_indices(keys, index)  # prefetched, (S, N, B)
             sw = self._batch_sw.unsqueeze(0).expand(S, N, -1)
             rows = self._plan[3]
             if rows is not None:  # gathered ahead by prefetch
                 j = index - self._plan[1]
                 return rows[0][j], rows[1][j], sw
+            flat = flat.view(-1)
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (measured by python -m benchmarks).
         n_max = self.X.shape[1]

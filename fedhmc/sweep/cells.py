@@ -51,6 +51,16 @@ def _field_defaults() -> dict:
     return json.loads(json.dumps(RunConfig().to_dict(), default=str))
 
 
+def stop_if_interrupted(cid: str, res: dict) -> None:
+    """Cells run in this process, one after another: a signal that stopped cell ``cid``
+    stops the loop too, so no further cell starts. Its checkpoint is written."""
+    if res["status"] == "interrupted":
+        raise FedHMCError(
+            f"stopped in cell {cid} (its checkpoint is written); "
+            "run the same command again to continue"
+        )
+
+
 def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) -> dict:
     """Run one cell into ``cell_dir``; returns ``{"status": ..., "error": ...}``.
 
@@ -307,6 +317,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
                 by_id[c["id"]]["status"] = "running"
                 res = run_cell(c["settings"], str(out / "cells" / c["id"]), threads)
                 finish(c["id"], res)
+                stop_if_interrupted(c["id"], res)
         else:
             _run_parallel(todo, out, workers, threads, finish, by_id)
     except KeyboardInterrupt:
