@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms.fahmc import RoundInfo, SamplerSettings, client_seed, run_round
+from fedhmc.algorithms.fahmc import RoundInfo, SamplerSettings, chains_and_seeds, run_round
 from fedhmc.core import rng
 from fedhmc.core.aggregate import weighted_average
 
@@ -45,10 +45,7 @@ def anchor_gradients(
     """
     S, D = theta_bar.shape
     N = anchor_target.num_clients
-    device = theta_bar.device
-    chains = torch.arange(S, device=device) if chains is None else chains
-    ids = torch.arange(N) if client_ids is None else client_ids
-    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    chains, seeds = chains_and_seeds(seed, S, N, theta_bar.device, chains, client_ids)
     keys = anchor_keys(seeds, round_, chains)
     g, _ = anchor_target.grad(theta_bar.unsqueeze(1).expand(S, N, D).clone(), keys, 0, False)
     return g

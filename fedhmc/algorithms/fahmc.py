@@ -229,6 +229,26 @@ def client_seed(seed: int, client: int) -> int:
     return rng.derive_int(seed, rng.STREAM_CLIENT, client)
 
 
+def chains_and_seeds(
+    seed: int,
+    S: int,
+    N: int,
+    device,
+    chains: torch.Tensor | None = None,
+    client_ids: torch.Tensor | None = None,
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The chain indices (S,) and the private client seeds (N,) of a batched round.
+
+    ``chains`` and ``client_ids`` default to 0 … S−1 and 0 … N−1; client ``c``'s seed is
+    :func:`client_seed` of its id, so a subset of clients draws what they draw in the full
+    batch.
+    """
+    chains = torch.arange(S, device=device) if chains is None else chains
+    ids = torch.arange(N) if client_ids is None else client_ids
+    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    return chains, seeds
+
+
 def round_keys(
     seed_of_round: int, client_seeds: torch.Tensor, round_: int, chains: torch.Tensor
 ) -> tuple[torch.Tensor, torch.Tensor]:
@@ -401,12 +421,9 @@ def run_clients(
     round's :class:`RoundInfo` with each client's end momentum (S, N, D) under
     ``sync_unit="leapfrog"``: client c's slice is what :func:`client_update` gives it.
     """
-    S, D = theta_bar.shape
-    N = target.num_clients
-    device = theta_bar.device
-    chains = torch.arange(S, device=device) if chains is None else chains
-    ids = torch.arange(N) if client_ids is None else client_ids
-    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
+    chains, seeds = chains_and_seeds(
+        seed, theta_bar.shape[0], target.num_clients, theta_bar.device, chains, client_ids
+    )
     return _clients_round(
         target,
         theta_bar,

@@ -314,3 +314,26 @@ def test_a_signal_stops_a_paper_experiment_not_just_its_cell(tmp_path, monkeypat
     with pytest.raises(FedHMCError, match="stopped in cell c0"):
         paper._run_cells(tmp_path, todo, 1, "cells")
     assert len(started) == 1
+
+
+def test_a_signal_stops_a_one_worker_sweep_not_just_its_cell(tmp_path, monkeypatch):
+    # The same for `fedhmc sweep --workers 1`: the stopped cell is recorded as interrupted,
+    # the others stay pending, and none of them starts.
+    import fedhmc.sweep.cells as cells
+    from fedhmc.errors import FedHMCError
+
+    started = []
+
+    def fake_run_cell(settings, cell_dir, threads=None):
+        started.append(cell_dir)
+        return {"status": "interrupted", "error": "stopped by SIGTERM"}
+
+    monkeypatch.setattr(cells, "run_cell", fake_run_cell)
+    grid = {"seed": [0, 1, 2]}
+    with pytest.raises(FedHMCError, match="stopped in cell"):
+        cells.run_sweep(
+            tmp_path, grid, {"dataset": "digits", "rounds": 2}, progress=False, log=lambda *_: None
+        )
+    assert len(started) == 1
+    status = [c["status"] for c in json.loads((tmp_path / "sweep.json").read_text())["cells"]]
+    assert sorted(status) == ["interrupted", "pending", "pending"]
