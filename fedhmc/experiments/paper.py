@@ -371,10 +371,12 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
         for v in fig.values:
             sel = select_eta(out_dir, fig, protocol, v)
             tuning[f"{protocol} {fig.axis}={v}"] = sel
-            finals, by_seed = [], []
+            finals, by_seed, diverged = [], [], 0
             for i in range(fig.seeds):
                 cid = _cell_id(protocol, fig.axis, v, None, seed + i)
                 s = _read_cell(out_dir / "cells" / cid)
+                if s is not None and s.get("status") == "diverged":
+                    diverged += 1  # a result: reported beside the mean of the others
                 if s is None or s.get("status") != "completed":
                     continue
                 finals.append(s["final"])
@@ -408,6 +410,7 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
                 "eta": sel["eta"],
                 "eta_at_grid_edge": sel["at_grid_edge"],
                 "seeds": len(finals),
+                "diverged_seeds": diverged,
                 "grad_evals": by_seed[0][-1]["grad_evals"],
             }
             for m in METRICS:
@@ -474,13 +477,16 @@ def markdown_table(summary: dict) -> str:
     ]
     for r in summary["rows"]:
         edge = "*" if r["eta_at_grid_edge"] else ""
+        seeds = str(r["seeds"])
+        if r.get("diverged_seeds"):
+            seeds += f" (+{r['diverged_seeds']} diverged)"
         if r["local_steps_unit"] == "iterations":
             per_round = f"{r['local_steps']} × {r['K']} steps"
         else:
             n = r["local_steps"]
             per_round = f"{n} step{'s' if n != 1 else ''}"
         lines.append(
-            f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {r['seeds']} | "
+            f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {seeds} | "
             f"{r['rounds']} | {r['grad_evals']:,.0f} | "
             f"{r['accuracy']:.4f} ± {r['accuracy_sd']:.4f} | "
             f"{r['brier']:.4f} ± {r['brier_sd']:.4f} | "
@@ -493,7 +499,11 @@ def markdown_table(summary: dict) -> str:
             f"| paper (best) | | | | 5 | 200 | | {paper['accuracy']:.3f} | {paper['brier']:.3f} "
             f"| {paper['ece']:.4g} (20) | {paper['nll_sum']:,.0f} |"
         )
-    lines += ["", "\\* the chosen η is at the edge of the grid tried.", ""]
+    lines.append("")
+    if any(r["eta_at_grid_edge"] for r in summary["rows"]):
+        lines += ["\\* the chosen η is at the edge of the grid tried.", ""]
+    if any(r.get("diverged_seeds") for r in summary["rows"]):
+        lines += ["Diverged seeds are left out of the means and counted apart.", ""]
     return "\n".join(lines)
 
 

@@ -277,3 +277,36 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
     want = best if best <= 2e-4 else 2e-4  # the largest step that does not diverge
     assert sel["eta"] == want
     assert len(ran) == len(set(ran)) and len(ran) < len(fig.grid_authors)
+
+
+def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
+    from fedhmc.experiments.paper import markdown_table
+
+    row = {
+        "protocol": "authors",
+        "T": 1,
+        "K": 10,
+        "local_steps": 1,
+        "local_steps_unit": "leapfrog steps",
+        "rounds": 200,
+        "eta": 5e-5,
+        "eta_at_grid_edge": False,
+        "seeds": 4,
+        "diverged_seeds": 1,
+        "grad_evals": 4000,
+        "ece_bins": 20,
+        **{m: 1.0 for m in ("accuracy", "brier", "ece", "nll_sum")},
+        **{f"{m}_sd": 0.0 for m in ("accuracy", "brier", "ece", "nll_sum")},
+    }
+    summary = {
+        "title": "t",
+        "budget": "full",
+        "paper": None,
+        "rows": [row],
+        "figure": {"axis": "T", "rounds": 200, "tune_rounds": 40},
+    }
+    text = markdown_table(summary)
+    assert "| 4 (+1 diverged) |" in text
+    assert "edge of the grid" not in text
+    text = markdown_table({**summary, "rows": [{**row, "eta_at_grid_edge": True}]})
+    assert "5e-05* |" in text and "edge of the grid" in text
