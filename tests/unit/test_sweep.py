@@ -295,45 +295,49 @@ def test_a_worker_whose_sweep_is_gone_starts_no_cell(tmp_path, monkeypatch):
     assert not (tmp_path / "cell").exists()
 
 
-def test_a_signal_stops_a_paper_experiment_not_just_its_cell(tmp_path, monkeypatch):
+@pytest.fixture
+def signalled_cells(monkeypatch):
+    """Every cell run in this process reports "interrupted" (stopped by a signal); returns
+    the list of cells that started."""
+    import fedhmc.sweep.cells as cells
+
+    started = []
+
+    def fake_run_cell(settings, cell_dir, threads=None):
+        started.append(cell_dir)
+        return {"status": "interrupted", "error": "stopped by SIGTERM"}
+
+    monkeypatch.setattr(cells, "run_cell", fake_run_cell)
+    return started
+
+
+def test_a_signal_stops_a_paper_experiment_not_just_its_cell(
+    tmp_path, monkeypatch, signalled_cells
+):
     # One process, cells in turn: the first cell is stopped by a signal (run_cell reports
     # "interrupted"); the experiment must stop there instead of starting the next cell.
     import fedhmc.sweep.cells as cells
     from fedhmc.errors import FedHMCError
     from fedhmc.experiments import paper
 
-    started = []
-
-    def fake_run_cell(settings, cell_dir, threads=None):
-        started.append(cell_dir)
-        return {"status": "interrupted", "error": "stopped by SIGTERM"}
-
-    monkeypatch.setattr(cells, "run_cell", fake_run_cell)
     monkeypatch.setattr(cells, "_cell_done", lambda cell_dir, cfg: False)
     todo = [(f"c{i}", {"dataset": "digits", "rounds": 2, "seed": i}) for i in range(3)]
     with pytest.raises(FedHMCError, match="stopped in cell c0"):
         paper._run_cells(tmp_path, todo, 1, "cells")
-    assert len(started) == 1
+    assert len(signalled_cells) == 1
 
 
-def test_a_signal_stops_a_one_worker_sweep_not_just_its_cell(tmp_path, monkeypatch):
+def test_a_signal_stops_a_one_worker_sweep_not_just_its_cell(tmp_path, signalled_cells):
     # The same for `fedhmc sweep --workers 1`: the stopped cell is recorded as interrupted,
     # the others stay pending, and none of them starts.
     import fedhmc.sweep.cells as cells
     from fedhmc.errors import FedHMCError
 
-    started = []
-
-    def fake_run_cell(settings, cell_dir, threads=None):
-        started.append(cell_dir)
-        return {"status": "interrupted", "error": "stopped by SIGTERM"}
-
-    monkeypatch.setattr(cells, "run_cell", fake_run_cell)
     grid = {"seed": [0, 1, 2]}
     with pytest.raises(FedHMCError, match="stopped in cell"):
         cells.run_sweep(
             tmp_path, grid, {"dataset": "digits", "rounds": 2}, progress=False, log=lambda *_: None
         )
-    assert len(started) == 1
+    assert len(signalled_cells) == 1
     status = [c["status"] for c in json.loads((tmp_path / "sweep.json").read_text())["cells"]]
     assert sorted(status) == ["interrupted", "pending", "pending"]
