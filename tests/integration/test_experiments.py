@@ -310,3 +310,22 @@ def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
     assert "edge of the grid" not in text
     text = markdown_table({**summary, "rows": [{**row, "eta_at_grid_edge": True}]})
     assert "5e-05* |" in text and "edge of the grid" in text
+
+
+def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds():
+    from fedhmc.experiments.paper import FIGURES, markdown_table
+
+    summary = {
+        "title": "t",
+        "budget": "full",
+        "paper": FIGURES["paper-fmnist-mlp"].paper,
+        "rows": [],
+        "figure": {"axis": "K", "rounds": 200, "tune_rounds": 40, "seeds": 1},
+    }
+    last = markdown_table(summary).strip().splitlines()[-1]
+    assert last.startswith("| paper (best, read off its axes) |")
+    assert "| 1 | 200 |" in last and "0.899" in last and last.endswith("| — |")
+    summary = {**summary, "paper": FIGURES["paper-fmnist-K"].paper}
+    summary["figure"] = {**summary["figure"], "seeds": 5}
+    last = markdown_table(summary).strip().splitlines()[-1]
+    assert last.startswith("| paper (best) |") and last.endswith("| 4,332 |")
