@@ -488,13 +488,16 @@ def markdown_table(summary: dict) -> str:
         else:
             n = r["local_steps"]
             per_round = f"{n} step{'s' if n != 1 else ''}"
+        one = r["seeds"] == 1  # no spread to report
+
+        def cell(m: str, fmt: str, r=r, one=one) -> str:
+            return format(r[m], fmt) + ("" if one else " ± " + format(r[f"{m}_sd"], fmt))
+
         lines.append(
             f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {seeds} | "
-            f"{r['rounds']} | {r['grad_evals']:,.0f} | "
-            f"{r['accuracy']:.4f} ± {r['accuracy_sd']:.4f} | "
-            f"{r['brier']:.4f} ± {r['brier_sd']:.4f} | "
-            f"{r['ece']:.4f} ± {r['ece_sd']:.4f} ({r['ece_bins']}) | "
-            f"{r['nll_sum']:,.0f} ± {r['nll_sum_sd']:,.0f} |"
+            f"{r['rounds']} | {r['grad_evals']:,.0f} | {cell('accuracy', '.4f')} | "
+            f"{cell('brier', '.4f')} | {cell('ece', '.4f')} ({r['ece_bins']}) | "
+            f"{cell('nll_sum', ',.0f')} |"
         )
     paper = summary.get("paper")
     if paper:

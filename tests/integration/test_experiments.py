@@ -310,6 +310,8 @@ def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
     assert "edge of the grid" not in text
     text = markdown_table({**summary, "rows": [{**row, "eta_at_grid_edge": True}]})
     assert "5e-05* |" in text and "edge of the grid" in text
+    one = markdown_table({**summary, "rows": [{**row, "seeds": 1, "diverged_seeds": 0}]})
+    assert "±" not in one and "| 1.0000 | 1.0000 | 1.0000 (20) | 1 |" in one
 
 
 def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds():
