@@ -484,7 +484,7 @@ def markdown_table(summary: dict) -> str:
         if r.get("diverged_seeds"):
             seeds += f" (+{r['diverged_seeds']} diverged)"
         if r["local_steps_unit"] == "iterations":
-            per_round = f"{r['local_steps']} × {r['K']} steps"
+            per_round = f"{r['local_steps']} × {r['K']} step{'s' if r['K'] != 1 else ''}"
         else:
             n = r["local_steps"]
             per_round = f"{n} step{'s' if n != 1 else ''}"
