@@ -467,6 +467,12 @@ def _write_csv(path: Path, rows: list[dict]) -> None:
     os.replace(tmp, path)
 
 
+def _mean_pm(row: dict, metric: str, fmt: str) -> str:
+    """``mean ± sd`` of a table row, or the value alone for a single seed (no spread)."""
+    text = format(row[metric], fmt)
+    return text if row["seeds"] == 1 else f"{text} ± {format(row[f'{metric}_sd'], fmt)}"
+
+
 def markdown_table(summary: dict) -> str:
     """The results table (mean ± sd over seeds), with the paper's best row when it has one."""
     axis = summary["figure"]["axis"]
@@ -488,16 +494,11 @@ def markdown_table(summary: dict) -> str:
         else:
             n = r["local_steps"]
             per_round = f"{n} step{'s' if n != 1 else ''}"
-        one = r["seeds"] == 1  # no spread to report
-
-        def cell(m: str, fmt: str, r=r, one=one) -> str:
-            return format(r[m], fmt) + ("" if one else " ± " + format(r[f"{m}_sd"], fmt))
-
         lines.append(
             f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {seeds} | "
-            f"{r['rounds']} | {r['grad_evals']:,.0f} | {cell('accuracy', '.4f')} | "
-            f"{cell('brier', '.4f')} | {cell('ece', '.4f')} ({r['ece_bins']}) | "
-            f"{cell('nll_sum', ',.0f')} |"
+            f"{r['rounds']} | {r['grad_evals']:,.0f} | {_mean_pm(r, 'accuracy', '.4f')} | "
+            f"{_mean_pm(r, 'brier', '.4f')} | {_mean_pm(r, 'ece', '.4f')} ({r['ece_bins']}) | "
+            f"{_mean_pm(r, 'nll_sum', ',.0f')} |"
         )
     paper = summary.get("paper")
     if paper:
