@@ -21,6 +21,10 @@ cover every example exactly once. The result depends only on the labels, the arg
 ``quantity``
     Quantity skew: client sizes proportional to ``w_i ~ LogNormal(0, sigma)``, rounded to sum
     to n with every client at least 1; examples assigned at random (labels iid).
+
+The methods see only the labels (any non-negative integers; classes may be missing), so they
+work on user data as on the named datasets. A split the user already has (one client id per
+example) is turned into the same format by :func:`partition_given`.
 """
 
 from __future__ import annotations
@@ -49,6 +53,67 @@ def _as_labels(labels) -> np.ndarray:
     if arr.min() < 0:
         raise DataError(f"labels must be non-negative, got {arr.min()}")
     return arr.astype(np.int64, copy=False)
+
+
+def _missing_ids(ids: np.ndarray, limit: int = 10) -> tuple[int, str]:
+    """Count the ids in ``0 .. max`` that never occur, and name the first ``limit`` of them."""
+    present = np.unique(ids)
+    total = int(ids.max()) + 1 - len(present)
+    # The first `limit` missing ids all lie below len(present) + limit.
+    first = np.setdiff1d(np.arange(min(int(ids.max()) + 1, len(present) + limit)), present)
+    shown = ", ".join(str(int(i)) for i in first[:limit])
+    return total, shown + (f" and {total - limit} more" if total > limit else "")
+
+
+def as_client_ids(client_ids, name: str = "client_ids", length: int | None = None) -> np.ndarray:
+    """Check one client id per example and return them as int64.
+
+    Ids must be integers (whole-number floats are accepted) in ``0 .. N - 1`` with every id
+    holding at least one example; ``length``, when given, is the required number of ids.
+
+    Raises
+    ------
+    DataError
+        With a one-line message naming ``name`` and the problem.
+    """
+    if hasattr(client_ids, "detach"):  # torch.Tensor
+        client_ids = client_ids.detach().cpu().numpy()
+    arr = np.asarray(client_ids)
+    if arr.ndim != 1:
+        raise DataError(
+            f"{name} must be a 1-D array with one client id per training example, got shape "
+            f"{arr.shape}; flatten it with .reshape(-1)"
+        )
+    if length is not None and len(arr) != length:
+        raise DataError(
+            f"{name} has {len(arr)} entries but there are {length} training examples; give "
+            "exactly one client id per training row"
+        )
+    if arr.size == 0:
+        raise DataError(f"{name} is empty; give one client id per example")
+    if np.issubdtype(arr.dtype, np.floating):
+        whole = np.isfinite(arr) & (arr == np.round(arr)) & (np.abs(arr) < 2.0**62)
+        if not whole.all():
+            bad = arr[~whole][0]
+            raise DataError(
+                f"{name} must hold integer client ids, but {int((~whole).sum())} entries are "
+                f"not whole numbers (e.g. {bad}); use ids 0 .. N-1"
+            )
+    elif not (np.issubdtype(arr.dtype, np.integer) or arr.dtype == np.bool_):
+        raise DataError(
+            f"{name} must hold integer client ids, got dtype {arr.dtype}; use ids 0 .. N-1"
+        )
+    if arr.min() < 0:
+        raise DataError(f"{name} holds negative client id {arr.min()}; client ids must be 0 .. N-1")
+    ids = arr.astype(np.int64)
+    total, shown = _missing_ids(ids)
+    if total:
+        top = int(ids.max())
+        raise DataError(
+            f"{name} has ids up to {top} but client(s) {shown} hold no example; every client "
+            f"0 .. {top} needs at least one row, so renumber the ids consecutively from 0"
+        )
+    return ids
 
 
 def _is_int(x: object) -> bool:
@@ -231,6 +296,31 @@ def partition(
     if not _is_real(sigma) or sigma < 0:
         raise ConfigError(f"sigma must be a finite number >= 0, got {sigma!r}")
     return _quantity(y, num_clients, rng, float(sigma))
+
+
+def partition_given(client_ids) -> list[np.ndarray]:
+    """Turn one client id per example into one index array per client.
+
+    Parameters
+    ----------
+    client_ids : array-like of int or torch.Tensor
+        Client of each example, shape ``(n,)``, ids ``0 .. N - 1``, each id used at least once.
+
+    Returns
+    -------
+    list of np.ndarray
+        ``N`` sorted int64 index arrays, disjoint and covering ``range(n)`` (the format of
+        :func:`partition`); array ``i`` holds the examples whose id is ``i``.
+
+    Raises
+    ------
+    DataError
+        Ids that are not 1-D non-negative integers, or an id in ``0 .. max`` with no example.
+    """
+    ids = as_client_ids(client_ids)
+    order = np.argsort(ids, kind="stable")  # stable: indices stay sorted within a client
+    counts = np.bincount(ids)
+    return [p.astype(np.int64) for p in np.split(order, np.cumsum(counts)[:-1])]
 
 
 def label_histogram(labels, parts: list[np.ndarray], num_classes: int) -> np.ndarray:

@@ -13,11 +13,13 @@ Every dataset comes back as float32 features ``(n, F)`` (images flattened) and i
   d = 1000 features, 1000 training examples, 2 classes.
 
 Where files are looked for is described in :mod:`fedhmc_datasets.locate`; scaling options in
-:mod:`fedhmc_datasets.scaling`.
+:mod:`fedhmc_datasets.scaling`. Data of your own (an ``.npz`` file, tensors or torch datasets)
+is loaded into the same :class:`DatasetSplit` by :mod:`fedhmc_datasets.user`.
 """
 
 from __future__ import annotations
 
+import math
 import os
 from dataclasses import dataclass
 
@@ -51,15 +53,26 @@ class DatasetSplit:
     Attributes
     ----------
     name : str
-        Dataset name, one of :data:`DATASETS`.
+        Dataset name, one of :data:`DATASETS`, or for user data (:mod:`fedhmc_datasets.user`)
+        the path or name it was given.
     X_train, X_test : torch.Tensor
-        float32 features, ``(n, F)``, images flattened.
+        float32 features, ``(n, ...)``: ``(n, F)`` for the named datasets (images flattened);
+        user data keeps the shape it was given, e.g. ``(n, 1, 28, 28)``.
     y_train, y_test : torch.Tensor
         int64 labels in ``0 .. num_classes - 1``.
     num_classes : int
         Number of classes.
     description : str
         One human sentence on where the data came from and how it was preprocessed.
+    image_shape : tuple of int, optional
+        ``(channels, height, width)`` of image data stored flattened, so that
+        ``X.reshape(n, *image_shape)`` gives the images; ``None`` for other data.
+    client_train : torch.Tensor, optional
+        int64 client id (``0 .. N - 1``) of each training row, when the user gave the split
+        (see :func:`fedhmc_datasets.partition.partition_given`); ``None`` otherwise.
+    source : dict, optional
+        Where the data came from, e.g. ``{"kind": "npz", "path": ..., "sha256": ...}`` or
+        ``{"kind": "in-memory tensors"}``; ``None`` for the named datasets.
     """
 
     name: str
@@ -69,11 +82,19 @@ class DatasetSplit:
     y_test: torch.Tensor
     num_classes: int
     description: str
+    image_shape: tuple[int, ...] | None = None
+    client_train: torch.Tensor | None = None
+    source: dict | None = None
+
+    @property
+    def feature_shape(self) -> tuple[int, ...]:
+        """Shape of one example's features, ``X_train.shape[1:]``."""
+        return tuple(self.X_train.shape[1:])
 
     @property
     def num_features(self) -> int:
-        """Number of features F (columns of ``X_train``)."""
-        return int(self.X_train.shape[1])
+        """Number of features F: the product of :attr:`feature_shape`."""
+        return int(math.prod(self.feature_shape))
 
     def __repr__(self) -> str:
         return (
@@ -152,6 +173,7 @@ def load_dataset(
         pct = round(100 * test_fraction)
         source = f"scikit-learn {key}, stratified {100 - pct}/{pct} train/test split (seed {seed})"
         y_train, y_test, num_classes = tab.y_train, tab.y_test, tab.num_classes
+        image_shape = (1, 8, 8) if key == "digits" else None  # sklearn's rows are 8x8 row-major
     elif key == "blr-synthetic":
         if not 0.0 < test_fraction < 1.0:
             raise ConfigError(
@@ -167,13 +189,16 @@ def load_dataset(
             f"(seed {seed}): theta* ~ N(0, I), x ~ N(0, I/d), y ~ Bernoulli(sigmoid(x.theta*))"
         )
         y_train, y_test, num_classes = sim.y_train, sim.y_test, 2
+        image_shape = None
     else:
         if key == "cifar2":
             raw = load_cifar2(data_dir=data_dir, download=download)
             title, num_classes = "CIFAR-10 airplane/automobile (CIFAR-2)", 2
+            image_shape = (3, 32, 32)  # load_cifar2 flattens channel-major (C, H, W)
         else:
             raw = load_idx_images(key, data_dir=data_dir, download=download)
             title, num_classes = _TITLES[key], 10
+            image_shape = (1, 28, 28)
         Xtr, Xte, how = scale_features(raw.X_train, raw.X_test, scaling, pixel_max=255.0)
         source = (
             f"{title} from {raw.source}, official {len(raw.X_train)}/{len(raw.X_test)} "
@@ -188,4 +213,5 @@ def load_dataset(
         y_test=_labels(y_test),
         num_classes=num_classes,
         description=f"{source}; {how}",
+        image_shape=image_shape,
     )

@@ -48,6 +48,8 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
             continue
         if only is None and f.name == "resume":
             continue  # `fedhmc run --resume DIR` takes the run directory (cmd_run)
+        if f.metadata.get("internal"):
+            continue  # filled in by fedhmc (config.json and Flower carry it)
         group = groups.get(f.name, group) if only is None else parser
         flag = "--" + f.name.replace("_", "-")
         help_ = f.metadata["help"]
@@ -63,6 +65,11 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
         if default is not None:
             help_ += f" (default: {default})"
         choices = f.metadata.get("choices")
+        if f.name == "model_arg":  # repeatable: --model-arg a=1 --model-arg b=2
+            group.add_argument(
+                flag, action="append", default=argparse.SUPPRESS, metavar="KEY=VALUE", help=help_
+            )
+            continue
         group.add_argument(
             flag,
             default=argparse.SUPPRESS,
@@ -73,8 +80,16 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
+    return RunConfig.from_mapping(config_values(args))
+
+
+def config_values(args: argparse.Namespace) -> dict:
+    """The RunConfig fields given on the command line (repeated --model-arg joined)."""
     names = {f.name for f in dataclasses.fields(RunConfig)}
-    return RunConfig.from_mapping({k: v for k, v in vars(args).items() if k in names})
+    out = {k: v for k, v in vars(args).items() if k in names}
+    if isinstance(out.get("model_arg"), list):
+        out["model_arg"] = ";".join(out["model_arg"])
+    return out
 
 
 def _format_value(v) -> str:

@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import argparse
-import dataclasses
 
-from fedhmc.cli.options import config_from_args, print_final_table, resume_config
+from fedhmc.cli.options import config_from_args, config_values, print_final_table, resume_config
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.threads import parse_threads
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     if getattr(args, "resume_dir", None):
-        names = {f.name for f in dataclasses.fields(RunConfig)}
-        given = {k: v for k, v in vars(args).items() if k in names}
+        given = config_values(args)
         if "out" in given:
             raise ConfigError("--resume DIR continues the run in DIR; drop --out")
         cfg = resume_config(args.resume_dir, given)

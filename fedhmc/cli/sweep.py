@@ -8,7 +8,6 @@ import time
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import RunConfig
 from fedhmc.sweep.cells import run_sweep
 from fedhmc.sweep.grid import load_sweep_file, parse_grid
 from fedhmc.sweep.table import (
@@ -65,7 +64,7 @@ def add_sweep_command(sub) -> None:
 
 
 def cmd_sweep(args: argparse.Namespace) -> int:
-    from fedhmc.cli.options import config_from_args
+    from fedhmc.cli.options import config_from_args, config_values
 
     metric = _parse_select(args.select) if args.select else None
     grid: dict[str, list] = {}
@@ -77,8 +76,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if not grid:
         raise ConfigError('give --grid "KEY=V1,V2 ..." or --file sweep.toml')
     config_from_args(args)  # checks the fixed options' values
-    names = {f.replace("-", "_") for f in RunConfig.keys()}
-    cli_base = {k.replace("_", "-"): v for k, v in vars(args).items() if k in names}
+    cli_base = {k.replace("_", "-"): v for k, v in config_values(args).items()}
     out = cli_base.pop("out", None) or os.path.join(
         "runs", f"{time.strftime('%Y%m%d-%H%M%S')}-sweep"
     )

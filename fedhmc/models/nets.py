@@ -22,6 +22,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad_and_value, vmap
 
+from fedhmc.core import rng
+
 _MINUS_ONE: dict = {}
 
 
@@ -49,8 +51,15 @@ class LogisticRegression:
         self.dim = (num_features + 1) * num_classes
 
     def prepare(self, X: torch.Tensor) -> torch.Tensor:
+        """[x, 1] of each example (n, F + 1); features of any shape are flattened first."""
+        X = X.flatten(1) if X.dim() > 2 else X
         ones = torch.ones(*X.shape[:-1], 1, dtype=X.dtype, device=X.device)
         return torch.cat([X, ones], dim=-1)
+
+    def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """θ (S, D) at round 0: ``auto`` is zeros (the energy is convex); ``module`` and
+        ``torch-linear`` draw PyTorch's ``nn.Linear`` initialisation."""
+        return _linear_model_init(self, kind, keys, dtype, auto="zeros")
 
     def _weights(self, theta: torch.Tensor) -> torch.Tensor:
         return theta.view(*theta.shape[:-1], self.num_features + 1, self.num_classes)
@@ -155,7 +164,14 @@ class MLP:
         self._grad = vmap(grad_and_value(self._row_loss))
 
     def prepare(self, X: torch.Tensor) -> torch.Tensor:
-        return X
+        """The features, flattened to (n, F) if they have a shape."""
+        return X.flatten(1) if X.dim() > 2 else X
+
+    def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """θ (S, D) at round 0: ``auto`` draws the weights from N(0, 2 / fan_in) and sets the
+        biases to 0 (a zero start is a saddle: every hidden unit alike); ``module`` and
+        ``torch-linear`` draw PyTorch's ``nn.Linear`` initialisation."""
+        return _linear_model_init(self, kind, keys, dtype, auto="he")
 
     def fan_in(self) -> torch.Tensor:
         """Per-parameter fan-in, (D,), for a He-style initialisation; inf for biases (start 0)."""
@@ -238,6 +254,26 @@ class MLP:
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         out = vmap(self._logits, in_dims=(0, None))(theta, X)
         return F.log_softmax(out, dim=-1)
+
+
+def _linear_model_init(model, kind: str, keys: torch.Tensor, dtype, auto: str) -> torch.Tensor:
+    """The initial positions of the built-in models, drawn from the streams under ``keys``
+    (the run seed's initialisation stream, one key per chain)."""
+    dim = model.dim
+    if kind == "auto":
+        kind = auto
+    if kind == "zeros":
+        return torch.zeros(keys.shape[0], dim, dtype=dtype)
+    if kind == "normal":
+        return rng.normal(keys, 0, dim, dtype)
+    if kind == "he":
+        z = rng.normal(keys, 0, dim, dtype)
+        return z * torch.sqrt(2.0 / model.fan_in()).to(dtype)
+    if kind in ("module", "torch-linear"):
+        u = rng.uniform(keys, 1, dim)
+        bound = model.linear_init_bounds().to(torch.float64)
+        return ((2.0 * u - 1.0) * bound).to(dtype)
+    raise ValueError(f"unknown initialisation {kind!r}")
 
 
 def build_model(name: str, num_features: int, num_classes: int, hidden: tuple[int, ...]):

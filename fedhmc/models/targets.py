@@ -41,7 +41,8 @@ class DataTarget:
     model
         A model from :mod:`fedhmc.models.nets`.
     parts
-        One (X_c, y_c) pair per client: features (n_c, F) and integer labels (n_c,).
+        One (X_c, y_c) pair per client: features (n_c, *feature_shape), such as (n_c, F) or
+        (n_c, C, H, W), and integer labels (n_c,).
     batch_size
         Minibatch size B per client and gradient evaluation; 0 (or ≥ n_c) means the full
         local data set. A client with n_c < B uses B_c = n_c (its full data).
@@ -90,7 +91,10 @@ class DataTarget:
         self.weights = self.counts.to(torch.float64) / self.num_total
         n_max = max(counts)
         feats = [model.prepare(X.to(dtype)) for X, _ in parts]
-        X = torch.zeros(self.num_clients, n_max, feats[0].shape[-1], dtype=dtype)
+        # Features keep their shape (F,) or (C, H, W), …: the model sees what the data holds.
+        self.feature_shape = tuple(feats[0].shape[1:])
+        self._feature_size = math.prod(self.feature_shape)
+        X = torch.zeros(self.num_clients, n_max, *self.feature_shape, dtype=dtype)
         y = torch.zeros(self.num_clients, n_max, dtype=torch.int64)
         for c, (Xc, (_, yc)) in enumerate(zip(feats, parts, strict=True)):
             X[c, : Xc.shape[0]] = Xc
@@ -182,11 +186,11 @@ class DataTarget:
         # Where the drawn minibatches are small, gather all their rows now: one index_select
         # per round instead of two per evaluation (the same rows).
         rows = None
-        if flat.numel() * self.X.shape[2] * self.X.element_size() <= PREFETCH_MAX_GATHER_BYTES:
+        if flat.numel() * self._feature_size * self.X.element_size() <= PREFETCH_MAX_GATHER_BYTES:
             n_all = self.num_clients * self.X.shape[1]
-            Xg = torch.index_select(self.X.view(n_all, -1), 0, flat.view(-1))
+            Xg = torch.index_select(self.X.view(n_all, self._feature_size), 0, flat.view(-1))
             yg = torch.index_select(self.y.view(-1), 0, flat.view(-1))
-            rows = (Xg.view(*flat.shape, -1), yg.view(flat.shape))
+            rows = (Xg.view(*flat.shape, *self.feature_shape), yg.view(flat.shape))
         self._plan = (keys, start, flat, rows)
 
     def _flat_indices(self, keys: torch.Tensor, index: int) -> torch.Tensor:
@@ -258,13 +262,13 @@ class DataTarget:
         bufs = self._buffers.get((S, B))
         if bufs is None:
             bufs = (
-                torch.empty(S * N * B, self.X.shape[2], dtype=self.X.dtype, device=self.device),
+                torch.empty(S * N * B, self._feature_size, dtype=self.X.dtype, device=self.device),
                 torch.empty(S * N * B, dtype=self.y.dtype, device=self.device),
             )
             self._buffers[(S, B)] = bufs
-        X = torch.index_select(self.X.view(N * n_max, -1), 0, flat, out=bufs[0])
+        X = torch.index_select(self.X.view(N * n_max, self._feature_size), 0, flat, out=bufs[0])
         y = torch.index_select(self.y.view(-1), 0, flat, out=bufs[1])
-        return X.view(S, N, B, -1), y.view(S, N, B), sw
+        return X.view(S, N, B, *self.feature_shape), y.view(S, N, B), sw
 
     def grad(
         self, theta: torch.Tensor, keys: torch.Tensor, index: int, need_energy: bool = True

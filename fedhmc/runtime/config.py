@@ -24,7 +24,8 @@ ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld", "async-sghmc",
 STALE_ALGORITHMS = ("sghmc", "sgld")
 ASYNC_ALGORITHMS = ("async-sghmc", "async-sgld")
 STALENESS_DISTS = ("fixed", "uniform")
-MODELS = ("logistic", "mlp")
+MODELS = ("logistic", "mlp", "cnn")
+"""The built-in models; ``--model`` also takes PACKAGE.MODULE:FACTORY (any nn.Module)."""
 BACKENDS = ("engine", "flower")
 ON_FAILURE = ("renormalize", "stop")
 DTYPES = ("float32", "float64")
@@ -32,7 +33,10 @@ SCALINGS = ("standardize", "unit", "symmetric", "none")
 PROTOCOLS = ("algorithm3", "authors")
 SYNC_UNITS = ("iteration", "leapfrog")
 MINIBATCH_LAWS = ("uniform", "reshuffle")
-INITS = ("auto", "zeros", "normal", "torch-linear")
+PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
+INITS = ("auto", "zeros", "normal", "module", "torch-linear")
+IN_MEMORY = "<in-memory tensors>"
+"""What ``config.json`` records as the dataset of data given to Python as tensors."""
 IMAGE_DATASETS = ("digits", "fashion-mnist", "mnist", "kmnist", "cifar2")
 
 # What `--protocol` sets for the options left unset (explicit options win). "algorithm3" is
@@ -82,26 +86,54 @@ class RunConfig:
     """Every setting of a run. Field ``local_steps`` is option ``--local-steps``."""
 
     # Data and model
-    dataset: str = _f("digits", "dataset or synthetic target (see `fedhmc data --list`)")
-    model: str = _f("logistic", "likelihood model", choices=MODELS)
+    dataset: str = _f(
+        "digits",
+        "dataset or synthetic target (see `fedhmc data --list`), or PATH.npz: your own data "
+        "(x_train, y_train, x_test, y_test, optionally client_train)",
+    )
+    model: str = _f(
+        "logistic",
+        "logistic, mlp, cnn (LeNet-5, for images), or PACKAGE.MODULE:FACTORY: a callable "
+        "returning any torch.nn.Module that maps inputs to class logits",
+    )
+    model_arg: str | None = _f(
+        None,
+        "KEY=VALUE keyword argument of the --model factory (repeat the option for more; "
+        "Flower's run config joins them with ';')",
+    )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
-    num_clients: int = _f(10, "number of clients N")
-    partition: str = _f("dirichlet", "how the training data is split over clients")
+    num_clients: int | None = _f(
+        None, "number of clients N (default 10, or the clients of a --dataset's client_train)"
+    )
+    partition: str | None = _f(
+        None,
+        "how the training data is split over clients: iid, dirichlet, shards, quantity, or "
+        "given (a --dataset file's client_train; the default when it has one, else dirichlet)",
+    )
     dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
     classes_per_client: int = _f(2, "classes per client for --partition shards")
     dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
     data_dir: str | None = _f(None, "directory holding the dataset files")
+    data_sha256: str | None = _f(
+        None,
+        "SHA-256 of your own data (filled in by fedhmc: a resume, or a Flower client, refuses "
+        "data that differs)",
+        internal=True,
+    )
     download: bool = _f(False, "let torchvision download a dataset where a network exists")
     scaling: str | None = _f(
         None,
         "feature scaling: standardize, unit ([0, 1] pixels), symmetric ([-1, 1] pixels: "
-        "(x/255 − 0.5)/0.5) or none (default: none for blr-synthetic, else standardize)",
+        "(x/255 − 0.5)/0.5) or none (default: none for blr-synthetic and your own data, "
+        "else standardize)",
         choices=SCALINGS,
     )
     init: str | None = _f(
         None,
-        "initial position: auto (zeros; He-scaled normal weights for an MLP), zeros, normal "
-        "(N(0, I)), or torch-linear (PyTorch's default nn.Linear initialisation)",
+        "initial position: auto (zeros for logistic; He-scaled normal weights for mlp; the "
+        "module's own initialisation for cnn and your own models), zeros, normal (N(0, I)), "
+        "module (the module's own initialisation, one draw per chain), or torch-linear "
+        "(PyTorch's default nn.Linear initialisation, for logistic and mlp)",
         choices=INITS,
     )
     # Sampler
@@ -250,7 +282,23 @@ class RunConfig:
         return cls(**kwargs)
 
     def to_run_config(self) -> dict[str, typing.Any]:
-        """Flower run-config form: kebab-case keys, None written as an empty string."""
+        """Flower run-config form: kebab-case keys, None written as an empty string.
+
+        Flower's apps rebuild the problem from these values alone, so the data must be a
+        named data set or a file and the model a name or an import spec.
+        """
+        if self.data_in_memory:
+            raise ConfigError(
+                "the Flower backend loads the data in every client from a file: save the "
+                "tensors with fedhmc_datasets.user.save_npz(data, 'data.npz') and pass "
+                "dataset='data.npz'"
+            )
+        if not isinstance(self.model, str):
+            raise ConfigError(
+                f"the Flower backend imports the model in every client: define "
+                f"{_record('model', self.model)} in an importable module and pass "
+                "model='package.module:factory'"
+            )
         out = {}
         for f in fields(self):
             v = getattr(self, f.name)
@@ -258,7 +306,20 @@ class RunConfig:
         return out
 
     def to_dict(self) -> dict[str, typing.Any]:
-        return dataclasses.asdict(self)
+        """The settings as JSON values: data given in memory is recorded as
+        :data:`IN_MEMORY`, a model given as a callable by its import spec (or a description
+        when it has none), so that ``config.json`` says truthfully what ran."""
+        return {f.name: _record(f.name, getattr(self, f.name)) for f in fields(self)}
+
+    @property
+    def data_in_memory(self) -> bool:
+        """Whether the data was given in Python (tensors or a Dataset), not by name or file."""
+        return not isinstance(self.dataset, str)
+
+    @property
+    def user_data_file(self) -> str | None:
+        """The path of a ``--dataset PATH.npz``, or None for a named or in-memory dataset."""
+        return _user_file(self.dataset)
 
     def to_json(self) -> str:
         return json.dumps(self.to_dict(), indent=2, sort_keys=False)
@@ -283,9 +344,12 @@ class RunConfig:
         """Fill the dataset defaults and validate; returns a config with no ``None`` left
         except ``data_dir`` and ``out``. Raises :class:`ConfigError` with a one-line message.
         """
-        from fedhmc.runtime.presets import dataset_defaults
+        from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
-        d = dataset_defaults(self.dataset, self.model, self.dim)
+        self = self._resolve_model_and_data()
+        builtin = isinstance(self.dataset, str) and self.user_data_file is None
+        model_key = self.model if self.model in ("logistic", "mlp") else "module"
+        d = dataset_defaults(self.dataset if builtin else USER_DATA, model_key, self.dim)
         if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise ConfigError(
                 f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
@@ -352,13 +416,100 @@ class RunConfig:
             dim=d["dim"] if self.dim is None else self.dim,
             burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
             scaling=(
-                ("none" if self.dataset == "blr-synthetic" else "standardize")
+                ("none" if self.dataset == "blr-synthetic" or not builtin else "standardize")
                 if self.scaling is None
                 else self.scaling
             ),
         )
         cfg.validate()
         return cfg
+
+    def _resolve_model_and_data(self) -> RunConfig:
+        """The model as an import spec where it has one, the data's checksum, and the client
+        split (``given`` where the data carries one); one-line errors otherwise."""
+        from fedhmc.models.module import format_model_args, load_factory, parse_model_args
+
+        changes: dict[str, typing.Any] = {}
+        model = self.model
+        if not isinstance(model, str):
+            from fedhmc.models.module import spec_of
+
+            if not callable(model):
+                raise ConfigError(
+                    f"model must be a name, a 'package.module:factory' spec or a callable "
+                    f"returning a torch.nn.Module, got {type(model).__name__}"
+                )
+            changes["model"] = spec_of(model) or model
+        elif model.startswith("<in-memory"):
+            raise ConfigError(
+                f"this run's model was a Python object ({model}); continue it from Python "
+                "with the same model: run(RunConfig(..., model=factory, resume=True))"
+            )
+        elif model not in MODELS:
+            load_factory(model)  # a one-line error if it does not import
+        kwargs = parse_model_args(self.model_arg)
+        if kwargs and model in ("logistic", "mlp"):
+            raise ConfigError(
+                f"--model-arg is for cnn and your own models, not {model}; drop it "
+                "(--hidden sets the MLP's widths)"
+            )
+        changes["model_arg"] = format_model_args(kwargs) or None
+
+        ds, sha, clients = self.dataset, None, None
+        if not isinstance(ds, str):
+            from fedhmc_datasets.registry import DatasetSplit
+            from fedhmc_datasets.user import data_checksum
+
+            if not isinstance(ds, DatasetSplit):
+                raise ConfigError(
+                    f"dataset must be a name, a PATH.npz, or data from "
+                    f"fedhmc_datasets.user.from_tensors / from_datasets, got {type(ds).__name__}"
+                )
+            sha = data_checksum(ds)
+            if ds.client_train is not None:
+                clients = int(ds.client_train.max()) + 1
+        elif ds == IN_MEMORY:
+            raise ConfigError(
+                "this run's data was given in memory (Python tensors); continue it from Python "
+                "with the same data: run(RunConfig(..., dataset=data, resume=True))"
+            )
+        elif self.user_data_file is not None:
+            from fedhmc_datasets.user import npz_client_count, sha256_of
+
+            path = os.path.abspath(os.path.expanduser(ds))
+            if not os.path.isfile(path):
+                raise ConfigError(
+                    f"--dataset {ds}: no such file; give the path of an .npz holding x_train, "
+                    "y_train, x_test and y_test, or a dataset name (fedhmc data --list)"
+                )
+            sha = sha256_of(path)
+            clients = npz_client_count(path)
+            changes["dataset"] = path
+        if sha is not None:
+            if self.data_sha256 and self.data_sha256 != sha:
+                raise ConfigError(
+                    f"the data differ from the run's (SHA-256 {sha[:12]}… against "
+                    f"{self.data_sha256[:12]}… in its config); restore the run's data or "
+                    "start a new run"
+                )
+            changes["data_sha256"] = sha
+        partition = self.partition or ("given" if clients is not None else "dirichlet")
+        num_clients = self.num_clients
+        if partition == "given":
+            if clients is None:
+                raise ConfigError(
+                    "--partition given keeps the data's own client split, but the data has no "
+                    "client_train; add client_train to the .npz or use another --partition"
+                )
+            if num_clients is not None and num_clients != clients:
+                raise ConfigError(
+                    f"--num-clients {num_clients} disagrees with the {clients} clients of the "
+                    "data's client_train; drop --num-clients or use another --partition"
+                )
+            num_clients = clients
+        changes["partition"] = partition
+        changes["num_clients"] = 10 if num_clients is None else num_clients
+        return self.replace(**changes)
 
     def validate(self) -> None:
         """Check ranges; one-line :class:`ConfigError` naming the option and the fix."""
@@ -385,7 +536,8 @@ class RunConfig:
             not (self.resume and self.overwrite),
             "--resume continues the run in --out and --overwrite replaces it; pick one",
         )
-        need(self.num_clients >= 1, f"--num-clients must be ≥ 1, got {self.num_clients}")
+        nc = self.num_clients
+        need(nc is None or nc >= 1, f"--num-clients must be ≥ 1, got {nc}")
         need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
         k = self.leapfrog_steps
         need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
@@ -466,7 +618,6 @@ class RunConfig:
         )
         for name, choices in (
             ("algorithm", ALGORITHMS),
-            ("model", MODELS),
             ("backend", BACKENDS),
             ("dtype", DTYPES),
             ("on_failure", ON_FAILURE),
@@ -479,6 +630,7 @@ class RunConfig:
             ("sync_unit", SYNC_UNITS),
             ("minibatch", MINIBATCH_LAWS),
             ("init", INITS),
+            ("partition", PARTITIONS),
         ):
             v = getattr(self, name)
             flag = name.replace("_", "-")
@@ -509,6 +661,11 @@ class RunConfig:
             f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
         )
         need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
+        need(
+            not isinstance(self.model, str) or self.model in MODELS or ":" in self.model,
+            f"--model must be one of {', '.join(MODELS)} or a PACKAGE.MODULE:FACTORY spec "
+            f"such as mypackage.nets:make_cnn; got {self.model!r}",
+        )
         if self.model == "mlp":
             self.hidden_widths  # noqa: B018  (validates)
         if k is not None and eta is not None:
@@ -589,3 +746,27 @@ def _coerce(key: str, value, hint, literal_none: bool = False):
     except (TypeError, ValueError, OverflowError):
         kind = {bool: "true or false", int: "an integer", float: "a number"}.get(base, "text")
         raise ConfigError(f"setting {key!r} must be {kind}, got {value!r}") from None
+
+
+def _user_file(dataset) -> str | None:
+    """``dataset`` as the path of the user's own data file, or None."""
+    if not isinstance(dataset, str):
+        return None
+    if dataset.endswith(".npz") or os.sep in dataset or (os.altsep and os.altsep in dataset):
+        return dataset
+    return None
+
+
+def _record(name: str, value):
+    """A setting's value as ``config.json`` records it (see :meth:`RunConfig.to_dict`)."""
+    if name == "dataset" and not isinstance(value, str):
+        return IN_MEMORY
+    if name == "model" and value is not None and not isinstance(value, str):
+        from fedhmc.models.module import describe_factory, spec_of
+
+        return spec_of(value) or describe_factory(value)
+    if name == "model_arg" and isinstance(value, dict):
+        from fedhmc.models.module import format_model_args
+
+        return format_model_args(value) or None
+    return value

@@ -508,6 +508,12 @@ def run_loop(
                 "num_features": getattr(model, "num_features", None),
                 "num_classes": getattr(model, "num_classes", None),
             }
+            if hasattr(model, "parameter_layout"):  # a module: its parameters, in θ's order
+                result.summary["model_parameters"] = [
+                    [name, list(shape)] for name, shape in model.parameter_layout()
+                ]
+            if hasattr(model, "batching"):
+                result.summary["model_batching"] = model.batching
         if summary_extra is not None:
             result.summary.update(summary_extra())
         writer.write_samples()

@@ -61,6 +61,16 @@ def param_layout(config: dict, summary: dict, dim: int) -> list[tuple[str, tuple
     model's shapes are unknown (Gaussian targets, or a run without them in its summary)."""
     shapes = summary.get("model_shapes") or {}
     model = config.get("model")
+    layout = summary.get("model_parameters")
+    if layout:  # a module: its own parameter names and shapes, such as conv1.weight
+        out, i = [], 0
+        for name, shape in layout:
+            n = int(np.prod(shape)) if shape else 1
+            dims = tuple(f"{name}_dim{k}" for k in range(len(shape)))
+            out.append((name, dims, np.arange(i, i + n).reshape(shape)))
+            i += n
+        if i == dim:
+            return out
     if summary.get("model") is None and not shapes:
         return [("theta", ("parameter",), np.arange(dim))]
     F, C = shapes.get("num_features"), shapes.get("num_classes")

@@ -38,13 +38,24 @@ _PRESETS: dict[tuple[str, str], dict] = {
     ("kmnist", "mlp"): {"step_size": 5e-4, "batch_size": 1000},
     ("cifar2", "logistic"): {"step_size": 1e-3, "batch_size": 1000},
     ("cifar2", "mlp"): {"step_size": 5e-4, "batch_size": 1000},
+    ("digits", "module"): {"step_size": 0.005},
+    ("fashion-mnist", "module"): {"step_size": 5e-4, "batch_size": 1000},
+    ("mnist", "module"): {"step_size": 5e-4, "batch_size": 1000},
+    ("kmnist", "module"): {"step_size": 5e-4, "batch_size": 1000},
+    ("cifar2", "module"): {"step_size": 5e-4, "batch_size": 1000},
     ("blr-synthetic", "logistic"): {"step_size": 0.01, "batch_size": 0, "dim": 1000},
     ("blr-synthetic", "mlp"): {"step_size": 0.005, "batch_size": 0, "dim": 1000},
 }
 
 
+USER_DATA = "user data"
+"""The defaults' key for data given as a file or as tensors."""
+
+
 def dataset_defaults(dataset: str, model: str, dim: int | None = None) -> dict:
     """Default step_size, batch_size, prior_std, chains and dim of a dataset and model."""
+    if dataset == USER_DATA:
+        return {**_BASE, "step_size": 1e-3}
     if dataset not in DATASETS:
         raise ConfigError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")
     if dataset == "gaussian-hetero":

@@ -21,7 +21,8 @@ from fedhmc.analysis.metrics import (
 )
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
-from fedhmc.models.nets import MLP, build_model
+from fedhmc.models import nets
+from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
 from fedhmc.models.targets import DataTarget, GaussianTarget, hetero_gaussian
 from fedhmc.runtime.config import STALE_ALGORITHMS, RunConfig
 from fedhmc.runtime.presets import GAUSSIAN_TARGETS
@@ -126,8 +127,23 @@ def torch_dtype(cfg: RunConfig) -> torch.dtype:
 
 
 def _load(cfg: RunConfig):
+    """The run's data: a named data set, the user's ``.npz`` file, or tensors in memory."""
     from fedhmc_datasets.registry import load_dataset
 
+    if cfg.data_in_memory:
+        from fedhmc_datasets.user import rescale
+
+        return rescale(cfg.dataset, cfg.scaling)
+    if cfg.user_data_file is not None:
+        from fedhmc_datasets.user import load_npz
+
+        data = load_npz(cfg.user_data_file, scaling=cfg.scaling)
+        if cfg.data_sha256 and data.source and data.source.get("sha256") != cfg.data_sha256:
+            raise ConfigError(
+                f"{cfg.user_data_file} is not the run's data (its SHA-256 differs from "
+                "config.json's data-sha256); give every client the same file"
+            )
+        return data
     kwargs = {}
     if cfg.dim is not None:
         kwargs["dim"] = cfg.dim
@@ -150,8 +166,12 @@ def load_client_data(cfg: RunConfig):
     if cfg.num_clients > n:
         raise ConfigError(
             f"--num-clients {cfg.num_clients} exceeds the {n} training examples of "
-            f"{cfg.dataset}; use at most {n}"
+            f"{cfg.to_dict()['dataset']}; use at most {n}"
         )
+    if cfg.partition == "given":
+        from fedhmc_datasets.partition import partition_given
+
+        return data, partition_given(data.client_train)
     parts = partition(
         data.y_train,
         cfg.num_clients,
@@ -179,7 +199,7 @@ def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
         )
         return GaussianEvaluator(target, cfg.temperature or 1.0), None, cfg.dim, desc
     data = _load(cfg)
-    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    model = build_model(cfg, data, device)
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
     )
@@ -207,7 +227,7 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
 
 def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, device):
     """The DataTarget of every client's partition (n = ``num_total``, default Σ n_c)."""
-    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    model = build_model(cfg, data, device)
     return DataTarget(
         model,
         [(data.X_train[idx], data.y_train[idx]) for idx in parts],
@@ -247,7 +267,7 @@ def build_client_target(
             f"partition-id {partition_id} is outside [0, {len(parts)}); "
             "check the SuperNode's --node-config and num-clients"
         )
-    model = build_model(cfg.model, data.num_features, data.num_classes, cfg.hidden_widths)
+    model = build_model(cfg, data, device)
     idx = parts[partition_id]
     n = num_total if num_total is not None else sum(len(p) for p in parts)
     target = DataTarget(
@@ -266,31 +286,68 @@ def build_client_target(
 def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Tensor:
     """θ̄ at round 0, (S, D), one draw per chain from the run seed's initialisation stream.
 
-    ``--init``: ``zeros``; ``normal``, N(0, I); ``torch-linear``, PyTorch's default
-    ``nn.Linear`` initialisation U(−1/√fan_in, 1/√fan_in) for every weight and bias;
-    ``auto`` (the default), zeros, except for an MLP, whose zero start is a saddle (every
-    hidden unit identical): its weights start at N(0, 2 / fan_in) and its biases at 0.
+    ``--init``: ``zeros``; ``normal``, N(0, I); ``module``, the model's own initialisation
+    (a module's factory called again under each chain's seed; PyTorch's ``nn.Linear``
+    initialisation for the built-in logistic and MLP); ``torch-linear``, that ``nn.Linear``
+    initialisation U(−1/√fan_in, 1/√fan_in) of every weight and bias (built-in models);
+    ``auto`` (the default), what the model starts from (:meth:`init` of the model: zeros
+    for logistic regression, He-scaled weights for the MLP, whose zero start is a saddle,
+    and the module's own initialisation for any other network).
     """
     S = cfg.chains
     dtype = torch_dtype(cfg)
     init = cfg.init or "auto"
     keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
-    if init == "normal":
-        return rng.normal(keys, 0, dim, dtype).to(device)
-    if init == "torch-linear":
-        if model is None or not hasattr(model, "linear_init_bounds"):
+    if model is None:  # a synthetic target: no layers
+        if init == "normal":
+            return rng.normal(keys, 0, dim, dtype).to(device)
+        if init in ("torch-linear", "module"):
             raise ConfigError(
-                "--init torch-linear needs a model with linear layers (logistic or mlp); "
-                f"{cfg.dataset} has none: use --init zeros or normal"
+                f"--init {init} needs a model with layers; {cfg.dataset} has none: use "
+                "--init zeros or normal"
             )
-        u = rng.uniform(keys, 1, dim)
-        bound = model.linear_init_bounds().to(torch.float64)
-        return ((2.0 * u - 1.0) * bound).to(dtype).to(device)
-    if init == "auto" and isinstance(model, MLP):
-        z = rng.normal(keys, 0, dim, dtype)
-        std = torch.sqrt(2.0 / model.fan_in()).to(dtype)
-        return (z * std).to(device)
-    return torch.zeros(S, dim, dtype=dtype, device=device)
+        return torch.zeros(S, dim, dtype=dtype, device=device)
+    return model.init(init, keys, dtype).to(device)
+
+
+def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
+    """The likelihood model of a resolved config on ``data`` (a DatasetSplit).
+
+    ``logistic`` and ``mlp`` are the hand-differentiated fast paths of
+    :mod:`fedhmc.models.nets`; ``cnn`` and any ``PACKAGE.MODULE:FACTORY`` (or a callable
+    given in Python) go through the generic :class:`~fedhmc.models.module.TorchModel`.
+    """
+    name = cfg.model
+    if name in ("logistic", "mlp"):
+        return nets.build_model(name, data.num_features, data.num_classes, cfg.hidden_widths)
+    kwargs = parse_model_args(cfg.model_arg)
+    if name == "cnn":
+        from fedhmc.models.cnn import lenet5
+
+        shape = getattr(data, "image_shape", None) or tuple(data.X_train.shape[1:])
+        if len(shape) == 2:
+            shape = (1, *shape)
+        if len(shape) != 3:
+            raise ConfigError(
+                f"--model cnn needs images; {cfg.to_dict()['dataset']} has features of shape "
+                f"{tuple(data.X_train.shape[1:])}: use --model logistic or mlp"
+            )
+        factory = lenet5
+        kwargs = {"in_shape": shape, "num_classes": data.num_classes, **kwargs}
+    elif isinstance(name, str):
+        factory = load_factory(name)
+    else:
+        factory = name
+    label = name if isinstance(name, str) else describe_factory(name)
+    return TorchModel(
+        factory,
+        data.num_classes,
+        data.X_train[:4],
+        kwargs,
+        dtype=torch_dtype(cfg),
+        device=device,
+        name=label,
+    )
 
 
 def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int]:

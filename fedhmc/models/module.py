@@ -1,0 +1,393 @@
+"""Any ``torch.nn.Module`` as a likelihood model on a flat parameter vector.
+
+A module g_θ maps a batch of inputs (B, *features) to class logits (B, C). θ is the flat
+vector of its parameters in ``named_parameters()`` order, each tensor flattened row-major,
+so ``nn.Linear(d, C)`` gives θ = (weight[C, d], bias[C]). The negative log-likelihood of a
+row (one chain and one client) is Σ_i sw_i ℓ(θ; x_i, y_i) with ℓ = −log softmax(g_θ(x))_y,
+and its gradient comes from ``torch.func``: ``functional_call`` puts a row's θ into the
+module, ``vmap`` maps the forward pass over every (chain, client) row in one batched
+computation, and one reverse pass (a vector-Jacobian product) gives every row's gradient.
+
+Where the batched computation is slower than a loop over rows (grouped convolutions on a
+CPU), :class:`TorchModel` evaluates row by row instead; ``batching`` says which, and
+``"auto"`` chooses by a fixed rule (not by timing, so that a seed always gives the same
+chain): one batched call, except for modules with convolutions on a CPU. Both give the same
+numbers up to float rounding.
+
+The module is evaluated in eval mode. It must not change its buffers in the forward pass
+(batch norm in training mode does) and must be deterministic given θ (dropout in training
+mode is not); :class:`TorchModel` checks both on the first examples and refuses the module
+with one line otherwise.
+"""
+
+from __future__ import annotations
+
+import importlib
+import inspect
+import math
+import os
+import sys
+from collections.abc import Callable
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, vmap
+
+from fedhmc.core import rng
+from fedhmc.errors import ConfigError
+
+BATCHINGS = ("auto", "vmap", "loop")
+"""How a :class:`TorchModel` evaluates its rows: ``vmap`` (one batched computation),
+``loop`` (one row at a time) or ``auto`` (``loop`` for convolutions on a CPU, else ``vmap``)."""
+
+PREDICT_CHUNK = 2048
+"""Examples per forward pass when predicting a test set (bounds the activations' memory)."""
+
+
+def load_factory(spec: str) -> Callable[..., torch.nn.Module]:
+    """The callable named by ``"package.module:factory"`` (``factory`` may be dotted, such
+    as ``Class.build``). The current directory is searched too, as for ``python -m``."""
+    if not isinstance(spec, str) or spec.count(":") != 1:
+        raise ConfigError(
+            f"--model {spec!r} is neither a built-in model nor a PACKAGE.MODULE:FACTORY spec; "
+            "use logistic, mlp, cnn, or e.g. mypackage.nets:make_cnn"
+        )
+    mod_name, attr = (s.strip() for s in spec.split(":"))
+    if not mod_name or not attr:
+        raise ConfigError(
+            f"--model {spec!r}: both sides of ':' are needed, as in mypackage.nets:make_cnn"
+        )
+    try:
+        module = _import(mod_name)
+    except ModuleNotFoundError as e:
+        raise ConfigError(
+            f"--model {spec}: cannot import {mod_name!r} ({e}); run from the folder that "
+            "holds it, install it, or add its folder to PYTHONPATH"
+        ) from None
+    except Exception as e:  # the user's module raised while being imported
+        raise ConfigError(
+            f"--model {spec}: importing {mod_name!r} failed with {type(e).__name__}: {e}"
+        ) from None
+    obj = module
+    for part in attr.split("."):
+        obj = getattr(obj, part, None)
+        if obj is None:
+            raise ConfigError(
+                f"--model {spec}: module {mod_name!r} has no attribute {attr!r}; "
+                "name a function or class that returns a torch.nn.Module"
+            )
+    if not callable(obj):
+        raise ConfigError(f"--model {spec}: {attr!r} is not callable; name a factory function")
+    return obj
+
+
+def _import(name: str):
+    try:
+        return importlib.import_module(name)
+    except ModuleNotFoundError as e:
+        cwd = os.getcwd()
+        if e.name is None or not name.startswith(e.name) or cwd in sys.path:
+            raise
+        sys.path.insert(0, cwd)  # as `python -m` would: the user's own module in the cwd
+        return importlib.import_module(name)
+
+
+def spec_of(factory: Callable) -> str | None:
+    """The ``module:qualname`` spec that imports ``factory`` back, or None (a lambda, a
+    function defined in a notebook's or script's ``__main__``, a closure)."""
+    mod = getattr(factory, "__module__", None)
+    qual = getattr(factory, "__qualname__", None)
+    if not mod or not qual or mod == "__main__" or "<" in qual:
+        return None
+    try:
+        obj = importlib.import_module(mod)
+        for part in qual.split("."):
+            obj = getattr(obj, part)
+    except (ImportError, AttributeError):
+        return None
+    return f"{mod}:{qual}" if obj is factory else None
+
+
+def parse_model_args(text: str | dict | None) -> dict:
+    """``--model-arg`` values: ``"KEY=VALUE;KEY=VALUE"`` (or a dict) to keyword arguments.
+
+    Values are Python literals where they parse as one (``16``, ``0.5``, ``True``,
+    ``(1, 28, 28)``), else strings.
+    """
+    import ast
+
+    if text is None or text == "":
+        return {}
+    if isinstance(text, dict):
+        return dict(text)
+    out = {}
+    for item in str(text).split(";"):
+        if not item.strip():
+            continue
+        key, sep, value = item.partition("=")
+        key = key.strip().replace("-", "_")
+        if not sep or not key.isidentifier():
+            raise ConfigError(
+                f"--model-arg {item.strip()!r} is not KEY=VALUE with KEY a Python name; "
+                "write e.g. --model-arg channels=16"
+            )
+        try:
+            out[key] = ast.literal_eval(value.strip())
+        except (ValueError, SyntaxError):
+            out[key] = value.strip()
+    return out
+
+
+def format_model_args(kwargs: dict) -> str:
+    """The inverse of :func:`parse_model_args` (for ``config.json`` and Flower)."""
+    return ";".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items())
+
+
+def _has_conv(module: torch.nn.Module) -> bool:
+    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
+
+
+class TorchModel:
+    """A ``torch.nn.Module`` classifier on flat parameter vectors, batched over rows.
+
+    Parameters
+    ----------
+    factory
+        A callable returning the module (called with ``kwargs``), or the module itself.
+    num_classes
+        C: the module's outputs must be (B, C).
+    example
+        A few training inputs, (b, *features), to check the module on.
+    kwargs
+        Keyword arguments of ``factory``.
+    batching
+        One of :data:`BATCHINGS`.
+    dtype, device
+        Where the module's buffers live (its parameters are replaced by θ in every call).
+    name
+        The model's spec, for ``config.json`` and messages.
+    """
+
+    def __init__(
+        self,
+        factory: Callable[..., torch.nn.Module] | torch.nn.Module,
+        num_classes: int,
+        example: torch.Tensor,
+        kwargs: dict | None = None,
+        batching: str = "auto",
+        dtype: torch.dtype = torch.float32,
+        device: torch.device | str = "cpu",
+        name: str = "module",
+    ):
+        if batching not in BATCHINGS:
+            raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
+        self.name = name
+        self.kwargs = dict(kwargs or {})
+        self.num_classes = int(num_classes)
+        self._factory = factory
+        module = self._build()
+        self.net = module.to(device=device, dtype=dtype).eval()
+        params = dict(self.net.named_parameters())
+        if not params:
+            raise ConfigError(f"--model {name}: the module has no parameters to sample")
+        self.shapes = {k: tuple(v.shape) for k, v in params.items()}
+        self.dim = sum(math.prod(s) for s in self.shapes.values())
+        self.device = torch.device(device)
+        if batching == "auto":
+            batching = "loop" if (self.device.type == "cpu" and _has_conv(self.net)) else "vmap"
+        self.batching = batching
+        self._check(example.to(device=device, dtype=dtype))
+
+    # ------------------------------------------------------------------ building
+    def _build(self) -> torch.nn.Module:
+        f = self._factory
+        if isinstance(f, torch.nn.Module):
+            import copy
+
+            module = copy.deepcopy(f)
+        else:
+            try:
+                module = f(**self.kwargs)
+            except TypeError as e:
+                raise ConfigError(
+                    f"--model {self.name}: calling the factory with {self.kwargs or 'no'} "
+                    f"arguments failed ({e}); check --model-arg"
+                ) from None
+        if not isinstance(module, torch.nn.Module):
+            raise ConfigError(
+                f"--model {self.name}: the factory returned a {type(module).__name__}, not a "
+                "torch.nn.Module; return the network itself"
+            )
+        return module
+
+    def _check(self, example: torch.Tensor) -> None:
+        """Refuse, in one line, a module that fedhmc cannot sample (see the module's doc)."""
+        name = self.name
+        x = example[: min(4, example.shape[0])]
+        buffers = {k: b.clone() for k, b in self.net.named_buffers()}
+        try:
+            with torch.no_grad():
+                out1 = self.net(x)
+                out2 = self.net(x)
+        except Exception as e:
+            raise ConfigError(
+                f"--model {name}: the module fails on inputs of shape "
+                f"{tuple(x.shape[1:])} ({type(e).__name__}: {e}); make it take the data's "
+                "features as they are"
+            ) from None
+        if not isinstance(out1, torch.Tensor) or out1.shape != (x.shape[0], self.num_classes):
+            shape = tuple(out1.shape) if isinstance(out1, torch.Tensor) else type(out1).__name__
+            raise ConfigError(
+                f"--model {name}: outputs of shape {shape} for a batch of {x.shape[0]}; "
+                f"the last dimension must be the {self.num_classes} classes, as ({x.shape[0]}, "
+                f"{self.num_classes})"
+            )
+        changed = [k for k, b in self.net.named_buffers() if not torch.equal(b, buffers[k])]
+        if changed:
+            raise ConfigError(
+                f"--model {name}: the forward pass changes the buffer(s) {', '.join(changed)} "
+                "even in eval mode; fedhmc needs a function of θ alone (no running statistics)"
+            )
+        if not torch.equal(out1, out2):
+            raise ConfigError(
+                f"--model {name}: two forward passes at the same θ give different outputs in "
+                "eval mode; fedhmc needs a deterministic module (no sampling in forward)"
+            )
+        y = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
+        sw = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
+        theta = self.flatten(dict(self.net.named_parameters())).detach().unsqueeze(0)
+        if self.batching == "vmap":
+            try:
+                self.loss_grad(theta, x.unsqueeze(0), y.unsqueeze(0), sw.unsqueeze(0))
+            except Exception as e:
+                raise ConfigError(
+                    f"--model {name}: torch.func.vmap cannot batch this module ({type(e).__name__}:"
+                    f" {str(e).splitlines()[0] if str(e) else ''}); use batching 'loop'"
+                ) from None
+
+    # ----------------------------------------------------------------- layout
+    def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
+        """θ (D,) from a name → tensor mapping, in ``named_parameters()`` order."""
+        return torch.cat([params[k].reshape(-1) for k in self.shapes])
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Name → tensor views of θ (..., D)."""
+        out, i = {}, 0
+        for name, shape in self.shapes.items():
+            n = math.prod(shape)
+            out[name] = theta[..., i : i + n].reshape(*theta.shape[:-1], *shape)
+            i += n
+        return out
+
+    def parameter_layout(self) -> list[tuple[str, tuple[int, ...]]]:
+        """(name, shape) of every parameter, in θ's order (the ArviZ export names them)."""
+        return list(self.shapes.items())
+
+    def module_init(self, seeds: list[int]) -> torch.Tensor:
+        """θ (S, D): the module's own initialisation, one draw per seed.
+
+        The factory is called again under each seed (torch's global generator is saved and
+        restored around it), so the draw is the factory's own, reproducible from the seed.
+        A module given as an instance is copied and its submodules' ``reset_parameters``
+        called instead.
+        """
+        rows = []
+        for seed in seeds:
+            with torch.random.fork_rng(devices=[]):
+                torch.manual_seed(int(seed))
+                if isinstance(self._factory, torch.nn.Module):
+                    module = self._build()
+                    for m in module.modules():
+                        if hasattr(m, "reset_parameters"):
+                            m.reset_parameters()
+                else:
+                    module = self._build()
+            params = dict(module.named_parameters())
+            rows.append(self.flatten(params).detach().to(torch.float64))
+        return torch.stack(rows)
+
+    def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """θ (S, D) at round 0 for the run seed's initialisation ``keys`` (S,): ``auto`` and
+        ``module`` are the module's own initialisation (:meth:`module_init`, seeded by
+        each key), ``zeros`` and ``normal`` (N(0, I)) as for every model."""
+        if kind in ("auto", "module"):
+            return self.module_init([int(k) for k in keys.tolist()]).to(dtype)
+        if kind == "zeros":
+            return torch.zeros(keys.shape[0], self.dim, dtype=dtype)
+        if kind == "normal":
+            return rng.normal(keys, 0, self.dim, dtype)
+        raise ConfigError(
+            f"--init {kind} is for the built-in logistic and mlp models; use --init module "
+            "(the module's own initialisation), zeros or normal"
+        )
+
+    # ------------------------------------------------------------ likelihood
+    def prepare(self, X: torch.Tensor) -> torch.Tensor:
+        """Features as they are: the module sees the data's own shape."""
+        return X
+
+    def _logits(self, theta_row: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        return functional_call(self.net, self.unflatten(theta_row), (X,))
+
+    def _rows_nll(self, theta: torch.Tensor, X: torch.Tensor, y, sw) -> torch.Tensor:
+        """Σ_i sw_i ℓ of each row, (M,), differentiable in θ (M, D)."""
+        if self.batching == "vmap":
+            logits = vmap(self._logits)(theta, X)
+        else:
+            logits = torch.stack([self._logits(theta[m], X[m]) for m in range(theta.shape[0])])
+        logp = F.log_softmax(logits, dim=-1)
+        return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+
+    def loss_grad(
+        self,
+        theta: torch.Tensor,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        sw: torch.Tensor,
+        need_value: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of each row m and its gradient.
+
+        theta (M, D), X (M, B, *features), y (M, B), sw (M, B); returns (M, D) and (M,).
+        One forward pass of every row (``vmap`` of ``functional_call``, or a loop), then
+        one reverse pass: the rows are independent, so the gradient of their sum with
+        respect to θ (M, D) is every row's own gradient (a vector-Jacobian product with
+        ones). Measured faster than ``vmap(grad)`` at small batches, where per-call
+        overhead dominates.
+        """
+        with torch.enable_grad():
+            th = theta.detach().requires_grad_(True)
+            nll = self._rows_nll(th, X, y, sw)
+            (g,) = torch.autograd.grad(nll.sum(), th)
+        return g, (nll.detach() if need_value else None)
+
+    def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """Class log-probabilities (S, n, C) of ``X`` (n, *features) under each θ (S, D)."""
+        outs = []
+        for start in range(0, X.shape[0], PREDICT_CHUNK):
+            x = X[start : start + PREDICT_CHUNK]
+            if self.batching == "vmap":
+                out = vmap(self._logits, in_dims=(0, None))(theta, x)
+            else:
+                out = torch.stack([self._logits(t, x) for t in theta])
+            outs.append(F.log_softmax(out, dim=-1))
+        return torch.cat(outs, dim=1)
+
+
+def describe_factory(factory) -> str:
+    """A short name for a factory given in Python (for messages and ``config.json``)."""
+    if isinstance(factory, torch.nn.Module):
+        return f"<in-memory module {type(factory).__name__}>"
+    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", "callable")
+    return f"<in-memory callable {name}>"
+
+
+def accepts(factory: Callable, key: str) -> bool:
+    """Whether ``factory`` takes a keyword argument ``key`` (or ``**kwargs``)."""
+    try:
+        sig = inspect.signature(factory)
+    except (TypeError, ValueError):
+        return False
+    return key in sig.parameters or any(
+        p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()
+    )
