@@ -32,7 +32,9 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
     """Everything a client's target depends on."""
     return (
         cfg.dataset,
+        cfg.data_sha256,
         cfg.model,
+        cfg.model_arg,
         cfg.hidden,
         cfg.num_clients,
         cfg.partition,

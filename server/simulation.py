@@ -15,7 +15,7 @@ import sys
 import threading
 import warnings
 
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import MODELS, RunConfig
 from fedhmc.runtime.engine import RunResult, prepare
 
 
@@ -58,6 +58,16 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     """
     flower_environment()
     cfg = prepare(cfg)
+    cfg.to_run_config()  # one line, before start-up, if the apps could not rebuild the run
+    if cfg.model not in MODELS:
+        # The user's model module must import in Ray's workers too, from where it imports
+        # here (the current folder, as `python -m` and `fedhmc run` allow).
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        if os.getcwd() not in paths:
+            os.environ["PYTHONPATH"] = os.pathsep.join([os.getcwd(), *paths])
+        from fedhmc.runtime.problem import build_evaluator
+
+        build_evaluator(cfg)  # a module that cannot be sampled is refused now, in one line
     from fedhmc_clients.app import make_client_app
     from fedhmc_clients.compute import COLOCATED_KEY
     from fedhmc_server.app import make_server_app
