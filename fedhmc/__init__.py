@@ -10,7 +10,8 @@ The package is layered; each layer imports only from the ones before it:
 - ``fedhmc.runtime``: the run configuration, problem building and the round loop;
 - ``fedhmc.sweep``, ``fedhmc.viz``, ``fedhmc.experiments``, ``fedhmc.cli``: tools on top.
 
-The names most users need are available here: ``from fedhmc import RunConfig, run``.
+The names most users need are available here: ``from fedhmc import RunConfig, run``, and
+for data of your own ``from_tensors``, ``from_datasets``, ``load_npz`` and ``save_npz``.
 """
 
 __version__ = "0.1.0"
@@ -21,6 +22,11 @@ _PUBLIC = {
     "RunResult": "fedhmc.runtime.engine",
     "FedHMCError": "fedhmc.errors",
     "ConfigError": "fedhmc.errors",
+    # Your own data (fedhmc_datasets.user): RunConfig(dataset=from_tensors(...)).
+    "from_tensors": "fedhmc_datasets.user",
+    "from_datasets": "fedhmc_datasets.user",
+    "load_npz": "fedhmc_datasets.user",
+    "save_npz": "fedhmc_datasets.user",
 }
 __all__ = ["__version__", *_PUBLIC]
 

@@ -16,6 +16,7 @@ from fedhmc.experiments.blr_t import blr_t
 from fedhmc.experiments.cifar2 import cifar2
 from fedhmc.experiments.debiased_gaussian import debiased_gaussian
 from fedhmc.experiments.delayed_sgld import delayed_sgld_experiment
+from fedhmc.experiments.fmnist_cnn import fmnist_cnn
 from fedhmc.experiments.fmnist_k import fmnist_k
 from fedhmc.experiments.fmnist_mlp import fmnist_mlp
 from fedhmc.experiments.fmnist_t import fmnist_t
@@ -49,6 +50,10 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
         "Fashion-MNIST logistic regression, T ∈ {1, 10, 20, 50, 100} at K = 10",
     ),
     "fmnist-mlp": (fmnist_mlp, "Fashion-MNIST two-hidden-layer MLP, K grid"),
+    "fmnist-cnn": (
+        fmnist_cnn,
+        "Fashion-MNIST LeNet-5 (any nn.Module's path): FA-HMC (K = 10) against FA-LD at T = 50",
+    ),
     "kmnist": (kmnist, "KMNIST logistic regression, K grid (needs the KMNIST files)"),
     "cifar2": (cifar2, "CIFAR-2 logistic regression, K grid (needs the CIFAR-10 batches)"),
     "stale-gaussian": (

@@ -364,6 +364,9 @@ class RunConfig:
             **_GENERIC_DEFAULTS,
             **protocol_settings(protocol, self.dataset),
         }
+        if self.model not in ("logistic", "mlp") and self.init is None:
+            # The authors' nn.Linear start, for any other network: its own initialisation.
+            unset["init"] = {"torch-linear": "module"}.get(unset["init"], unset["init"])
         self = self.replace(
             protocol=protocol,
             **{k: v for k, v in unset.items() if getattr(self, k) is None},
@@ -429,6 +432,11 @@ class RunConfig:
         split (``given`` where the data carries one); one-line errors otherwise."""
         from fedhmc.models.module import format_model_args, load_factory, parse_model_args
 
+        if self.dataset == IN_MEMORY:
+            raise ConfigError(
+                "this run's data was given in memory (Python tensors); continue it from Python "
+                "with the same data: run(RunConfig(..., dataset=data, resume=True))"
+            )
         changes: dict[str, typing.Any] = {}
         model = self.model
         if not isinstance(model, str):
@@ -468,11 +476,6 @@ class RunConfig:
             sha = data_checksum(ds)
             if ds.client_train is not None:
                 clients = int(ds.client_train.max()) + 1
-        elif ds == IN_MEMORY:
-            raise ConfigError(
-                "this run's data was given in memory (Python tensors); continue it from Python "
-                "with the same data: run(RunConfig(..., dataset=data, resume=True))"
-            )
         elif self.user_data_file is not None:
             from fedhmc_datasets.user import npz_client_count, sha256_of
 
