@@ -186,3 +186,53 @@ def test_a_frozen_supernode_misses_rounds_then_takes_part_again(deployment):
     assert (2, 0) in rows[3:], rows  # it takes part again
     s = summary(dep.out)
     assert s["client_failures"] >= 2 and s["late_replies"] >= 1, s
+
+
+def test_a_user_module_and_data_file_in_a_deployment(tmp_path):
+    """A model of the user's own (importable on the SuperLink and every SuperNode through
+    PYTHONPATH) on an .npz with its own client split: the deployment runs it and records
+    the spec and the file's checksum."""
+    import numpy as np
+
+    code = tmp_path / "usercode"
+    code.mkdir()
+    (code / "deploynets.py").write_text(
+        "import torch.nn as nn\n"
+        "def make(width=4):\n"
+        "    return nn.Sequential(nn.Flatten(), nn.Linear(16, width), nn.Tanh(),"
+        " nn.Linear(width, 3))\n"
+    )
+    g = np.random.default_rng(0)
+    y = g.integers(0, 3, 80)
+    x = (g.normal(size=(80, 1, 4, 4)) + y[:, None, None, None]).astype(np.float32)
+    data = tmp_path / "data.npz"
+    np.savez(data, x_train=x[:60], y_train=y[:60], x_test=x[60:], y_test=y[60:],
+             client_train=np.arange(60) % 2)  # fmt: skip
+    dep = Deployment(tmp_path, num_nodes=2, conn=CONN + "-user")
+    dep.env["PYTHONPATH"] = os.pathsep.join([str(code), dep.env.get("PYTHONPATH", "")])
+    out = tmp_path / "run"
+    try:
+        dep.setup()
+        dep.start_nodes()
+        run_config = (
+            f'dataset="{data}" model="deploynets:make" model-arg="width=3" rounds=2 '
+            f'local-steps=2 leapfrog-steps=2 batch-size=8 round-timeout=60 out="{out}"'
+        )
+        proc = dep.submit(run_config, tmp_path / "flwr.log")
+        proc.wait(timeout=300)
+    finally:
+        left = dep.stop_all()
+    assert not left, f"processes left running: {left}"
+    log = (tmp_path / "flwr.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", (summary, log[-3000:])
+    assert summary["num_clients"] == 2 and summary["client_failures"] == 0
+    assert [p[0] for p in summary["model_parameters"]] == [
+        "1.weight",
+        "1.bias",
+        "3.weight",
+        "3.bias",
+    ]
+    cfg = json.loads((out / "config.json").read_text())
+    assert cfg["model"] == "deploynets:make" and cfg["partition"] == "given"
+    assert len(cfg["data_sha256"]) == 64

@@ -8,6 +8,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 import torch
 from torch import nn
@@ -274,3 +275,19 @@ def test_cli_spec_and_model_args_are_recorded(tmp_path):
         "2.weight",
         "2.bias",
     ]
+
+
+def test_arviz_names_a_modules_parameters_after_the_module(tmp_path):
+    pytest.importorskip("arviz")
+    from fedhmc.runtime.export import to_inference_data
+
+    cfg = _base(model=lambda: mlp_layout((5,)), rounds=4, chains=2, save_samples=True)
+    run(cfg.replace(out=str(tmp_path / "r")), progress=False)
+    idata = to_inference_data(tmp_path / "r")
+    post = idata.posterior
+    assert set(post.data_vars) == {"0.weight", "0.bias", "2.weight", "2.bias"}
+    assert post["0.weight"].shape[2:] == (5, F) and post["2.bias"].shape[2:] == (C,)
+    draws = np.load(tmp_path / "r" / "samples.npy")  # (draws, chains, D), θ's order
+    np.testing.assert_allclose(
+        post["2.weight"].values[1, -1], draws[-1, 1, 5 * F + 5 : 5 * F + 5 + C * 5].reshape(C, 5)
+    )
