@@ -23,7 +23,6 @@ with one line otherwise.
 from __future__ import annotations
 
 import importlib
-import inspect
 import math
 import os
 import sys
@@ -380,14 +379,3 @@ def describe_factory(factory) -> str:
         return f"<in-memory module {type(factory).__name__}>"
     name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", "callable")
     return f"<in-memory callable {name}>"
-
-
-def accepts(factory: Callable, key: str) -> bool:
-    """Whether ``factory`` takes a keyword argument ``key`` (or ``**kwargs``)."""
-    try:
-        sig = inspect.signature(factory)
-    except (TypeError, ValueError):
-        return False
-    return key in sig.parameters or any(
-        p.kind is inspect.Parameter.VAR_KEYWORD for p in sig.parameters.values()
-    )

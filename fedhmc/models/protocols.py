@@ -46,14 +46,38 @@ class Target(Protocol):
 
 @runtime_checkable
 class Model(Protocol):
-    """A model whose parameters are a flat vector θ (D,), batched over chains."""
+    """A classifier whose parameters are a flat vector θ (D,), batched over rows.
+
+    A row is one (chain, client) pair. The built-in fast paths
+    (:class:`~fedhmc.models.nets.LogisticRegression`, :class:`~fedhmc.models.nets.MLP`) and
+    :class:`~fedhmc.models.module.TorchModel` (any ``torch.nn.Module``) all satisfy it.
+    """
 
     dim: int
+    num_classes: int
 
     def prepare(self, X: torch.Tensor) -> torch.Tensor:
-        """Features as the model consumes them."""
+        """Features (n, *shape) as the model consumes them (the data target stores these)."""
+        ...
+
+    def loss_grad(
+        self,
+        theta: torch.Tensor,
+        X: torch.Tensor,
+        y: torch.Tensor,
+        sw: torch.Tensor,
+        need_value: bool = True,
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of every row m and its gradient: θ (M, D), prepared
+        features X (M, B, *shape), labels y (M, B), weights sw (M, B); returns the gradient
+        (M, D) and, when ``need_value``, the values (M,)."""
         ...
 
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """Class log-probabilities (S, n, classes) of ``X`` under each chain's θ (S, D)."""
+        ...
+
+    def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+        """θ (S, D) at round 0 for ``--init kind`` (``auto``: the model's own choice), one
+        draw per chain from the run seed's initialisation keys (S,)."""
         ...

@@ -291,3 +291,14 @@ def test_arviz_names_a_modules_parameters_after_the_module(tmp_path):
     np.testing.assert_allclose(
         post["2.weight"].values[1, -1], draws[-1, 1, 5 * F + 5 : 5 * F + 5 + C * 5].reshape(C, 5)
     )
+
+
+def test_every_model_satisfies_the_model_protocol():
+    from fedhmc.models.protocols import Model
+
+    for model in (
+        LogisticRegression(F, C),
+        MLP(F, C, (4,)),
+        TorchModel(lambda: nn.Linear(F, C), C, torch.randn(2, F)),
+    ):
+        assert isinstance(model, Model)
