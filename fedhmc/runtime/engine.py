@@ -306,7 +306,7 @@ def run_loop(
     RunInterrupted
         When a signal stopped the run (its checkpoint and summary are written).
     """
-    from fedhmc.runtime import checkpoint
+    from fedhmc.runtime.lock import FolderLock
 
     if cfg.resume and backend_state is None:
         raise ConfigError(
@@ -317,7 +317,27 @@ def run_loop(
         from fedhmc.runtime.output import TensorBoardLog
 
         TensorBoardLog.require()
-    resumed = prepare_out(cfg)
+    lock = FolderLock(cfg.out).acquire()  # one process per run folder
+    started = False
+    try:
+        resumed = prepare_out(cfg)
+        started = True
+        return _run_locked(
+            cfg, resumed, evaluator, theta0, round_fn, dim, num_clients, description,
+            backend, progress, on_round, summary_extra, backend_state,
+        )  # fmt: skip
+    finally:
+        lock.release(discard=not started)
+
+
+def _run_locked(
+    cfg, resumed, evaluator, theta0, round_fn, dim, num_clients, description, backend,
+    progress, on_round, summary_extra, backend_state,
+) -> RunResult:  # fmt: skip
+    """:func:`run_loop`'s body, run while the folder's lock is held (``resumed``: the
+    checkpoint a resumed run continues from, or None)."""
+    from fedhmc.runtime import checkpoint
+
     columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
     keep = None
     if resumed is not None:
@@ -379,6 +399,8 @@ def run_loop(
                 "backend": backend_state[0]() if backend_state is not None else {},
             },
         )
+        if r < cfg.rounds:  # how far the run got, should it be killed before its end
+            writer.write_summary({"status": "running", "rounds_completed": r, "backend": backend})
 
     status = "running"
     stop_round = None

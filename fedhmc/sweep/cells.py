@@ -13,6 +13,7 @@ from pathlib import Path
 
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted
 from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.lock import FolderLock
 from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
 from fedhmc.sweep.table import build_table, write_table
 
@@ -138,44 +139,6 @@ def die_with_parent() -> None:
         pass
 
 
-class FolderLock:
-    """An exclusive lock on a sweep or experiment folder (``.lock``), so that two sweeps
-    never run into the same cells at once. Released when the process ends, however."""
-
-    def __init__(self, folder: Path):
-        self.path = Path(folder) / ".lock"
-        self._f = None
-
-    def __enter__(self):
-        import fcntl
-
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        self._f = open(self.path, "a+")  # noqa: SIM115
-        try:
-            fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            self._f.seek(0)
-            holder = self._f.read().strip() or "another process"
-            self._f.close()
-            raise ConfigError(
-                f"{self.path.parent} is in use by {holder}; wait for it to finish, or stop "
-                "it (its cells resume from their checkpoints)"
-            ) from None
-        self._f.seek(0)
-        self._f.truncate()
-        self._f.write(f"process {os.getpid()}")
-        self._f.flush()
-        return self
-
-    def __exit__(self, *exc):
-        import fcntl
-
-        if self._f is not None:
-            fcntl.flock(self._f, fcntl.LOCK_UN)
-            self._f.close()
-        return False
-
-
 def _write_json(path: Path, data: dict) -> None:
     tmp = path.with_name(path.name + ".tmp")
     tmp.write_text(json.dumps(data, indent=2, default=str) + "\n")
@@ -219,14 +182,14 @@ def run_sweep(
     list of dict
         The tidy table's rows (also in ``out/results.csv``).
     """
+    lock = FolderLock(out, "a sweep").acquire()  # two sweeps never share a folder
+    ok = False
     try:
-        lock = FolderLock(Path(out)).__enter__()  # two sweeps never share a folder
-    except OSError as e:
-        raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None
-    try:
-        return _run_sweep(out, grid, base, workers, progress, log, threads)
+        rows = _run_sweep(out, grid, base, workers, progress, log, threads)
+        ok = True
+        return rows
     finally:
-        lock.__exit__(None, None, None)
+        lock.release(discard=not ok)  # a refused sweep leaves no empty folder
 
 
 def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:

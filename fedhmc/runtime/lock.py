@@ -1,0 +1,128 @@
+"""One process per output folder: an exclusive lock (``.lock``) on a run, sweep or
+experiment folder.
+
+A second process that wants the folder is refused with one line naming the process that
+holds it. The lock is an ``flock`` on the file, so the operating system releases it when its
+holder ends, however it ends (``kill -9`` included); the next process takes it over and says
+so. A command that is refused before it starts removes the lock file, and the folder when
+it created it, so that nothing is left behind.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+
+from fedhmc.errors import ConfigError
+
+NAME = ".lock"
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+class FolderLock:
+    """An exclusive lock on ``folder`` (its ``.lock`` file), held until :meth:`release`.
+
+    Parameters
+    ----------
+    folder
+        The run, sweep or experiment folder (created if missing).
+    what
+        What the holder is doing there, for the refusal ("a run", "a sweep").
+    """
+
+    def __init__(self, folder: str | os.PathLike, what: str = "a run"):
+        self.folder = Path(folder)
+        self.path = self.folder / NAME
+        self.what = what
+        self._f = None
+        self._made_folder = False
+
+    def acquire(self) -> FolderLock:
+        import fcntl
+
+        try:
+            self._made_folder = not self.folder.exists()
+            self.folder.mkdir(parents=True, exist_ok=True)
+            while True:
+                f = open(self.path, "a+")  # noqa: SIM115 (closed in release)
+                try:
+                    fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                except BlockingIOError:
+                    f.seek(0)
+                    holder = f.read().strip()
+                    f.close()
+                    self._forget_folder()
+                    pid = holder.split()[-1] if holder else "another process"
+                    raise ConfigError(
+                        f"{self.folder} is in use by process {pid} ({self.what} still going); "
+                        f"wait for it to end or stop it (kill {pid}), or choose another --out"
+                    ) from None
+                # The file may have been removed by its last holder between our open and our
+                # lock: then we hold a lock on a file nobody else sees. Try again.
+                try:
+                    same = os.fstat(f.fileno()).st_ino == os.stat(self.path).st_ino
+                except FileNotFoundError:
+                    same = False
+                if same:
+                    break
+                f.close()
+        except OSError as e:
+            raise ConfigError(
+                f"cannot write to --out {str(self.folder)!r} ({e.strerror or e})"
+            ) from None
+        f.seek(0)
+        before = f.read().strip()
+        if before.startswith("process "):
+            pid = before.split()[-1]
+            if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
+                print(
+                    f"fedhmc: note: {self.folder} was left locked by process {pid}, which is "
+                    "no longer running; taking it over",
+                    file=sys.stderr,
+                )
+        f.seek(0)
+        f.truncate()
+        f.write(f"process {os.getpid()}")
+        f.flush()
+        self._f = f
+        return self
+
+    def release(self, discard: bool = False) -> None:
+        """Give the folder back. The lock file goes (and, with ``discard``, the folder too
+        when this lock created it and it is empty again: a refused command leaves nothing)."""
+        import fcntl
+
+        if self._f is None:
+            return
+        try:
+            self.path.unlink(missing_ok=True)
+        finally:
+            fcntl.flock(self._f, fcntl.LOCK_UN)
+            self._f.close()
+            self._f = None
+        if discard:
+            self._forget_folder()
+
+    def _forget_folder(self) -> None:
+        if self._made_folder:
+            try:
+                self.folder.rmdir()  # only if empty
+            except OSError:
+                pass
+
+    def __enter__(self) -> FolderLock:
+        return self.acquire()
+
+    def __exit__(self, *exc) -> bool:
+        self.release()
+        return False
