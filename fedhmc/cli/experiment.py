@@ -48,10 +48,31 @@ def add_experiment_command(sub) -> None:
 
 def cmd_experiment(args: argparse.Namespace) -> int:
     if args.list or args.name is None:
+        import sys
+
+        stream = sys.stdout if args.list else sys.stderr
+        if not args.list:
+            print("usage: fedhmc experiment NAME [options]; the experiments:", file=stream)
         width = max(len(k) for k in EXPERIMENTS)
         for name, (_, text) in EXPERIMENTS.items():
-            print(f"{name:<{width}}  {text}")
+            print(f"{name:<{width}}  {text}", file=stream)
         return 0 if args.list else 2
+    fn, _ = EXPERIMENTS[args.name]
+    # Every option is checked before the output folder is made: a refusal leaves nothing.
+    if args.workers != 1:
+        if "workers" not in inspect.signature(fn).parameters:
+            raise ConfigError(f"{args.name} runs in one process; drop --workers")
+        if args.workers < 1:
+            raise ConfigError(f"--workers must be ≥ 1, got {args.workers}")
+    if args.full:
+        if args.quick:
+            raise ConfigError("--quick and --full exclude each other; pick one")
+        if "full" not in inspect.signature(fn).parameters:
+            raise ConfigError(f"{args.name} has no --full budget; drop --full")
+    if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
+        raise ConfigError(
+            f"--data-dir {args.data_dir}: no such folder; give the folder of the files"
+        )
     out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.name}")
     try:
         out.mkdir(parents=True, exist_ok=True)
@@ -63,19 +84,10 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
     set_default_threads(args.threads)
     set_quiet(args.quiet)
-    fn, _ = EXPERIMENTS[args.name]
     kwargs = {"quick": args.quick, "seed": args.seed}
     if args.workers != 1:
-        if "workers" not in inspect.signature(fn).parameters:
-            raise ConfigError(f"{args.name} runs in one process; drop --workers")
-        if args.workers < 1:
-            raise ConfigError(f"--workers must be ≥ 1, got {args.workers}")
         kwargs["workers"] = args.workers
     if args.full:
-        if args.quick:
-            raise ConfigError("--quick and --full exclude each other; pick one")
-        if "full" not in inspect.signature(fn).parameters:
-            raise ConfigError(f"{args.name} has no --full budget; drop --full")
         kwargs["full"] = True
     summary = fn(out, **kwargs)
     rows = summary.get("rows", [])

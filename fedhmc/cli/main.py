@@ -62,7 +62,11 @@ def _add_data_command(sub) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args, extra = parser.parse_known_args(argv)
+    if extra:  # named by the subcommand's parser, so that the error points to its --help
+        commands = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+        target = commands.choices.get(getattr(args, "command", None), parser)
+        target.error(f"unrecognized arguments: {' '.join(extra)}")
     if not getattr(args, "func", None):
         parser.print_help()
         return 2

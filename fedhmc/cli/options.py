@@ -15,6 +15,10 @@ from fedhmc.runtime.config import RunConfig
 
 
 class _Parser(argparse.ArgumentParser):
+    def __init__(self, *args, **kwargs):  # a prefix is not an option: --leapfrog-step fails
+        kwargs.setdefault("allow_abbrev", False)
+        super().__init__(*args, **kwargs)
+
     def error(self, message: str) -> typing.NoReturn:  # one line, no usage block
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
+from fedhmc.errors import ConfigError
 from fedhmc.sweep.table import (
     read_table,
 )
@@ -46,6 +47,12 @@ def cmd_plot(args: argparse.Namespace) -> int:
     rows = read_table(args.table)
     table = Path(args.table)
     where = table if table.is_dir() else table.parent
+    if args.metric is not None and not any(args.metric in r for r in rows):
+        numeric = [k for k, v in rows[-1].items() if isinstance(v, int | float)]
+        raise ConfigError(
+            f"--metric {args.metric}: no such column in {args.table}; choose one of "
+            f"{', '.join(numeric)}"
+        )
     metric = args.metric or default_metric(rows)
     name = "plot-metrics" if args.kind == "metrics" else f"plot-{args.kind}-{metric}"
     stem = args.out or str(where / name)

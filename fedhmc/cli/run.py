@@ -14,6 +14,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         given = config_values(args)
         if "out" in given:
             raise ConfigError("--resume DIR continues the run in DIR; drop --out")
+        if given.get("overwrite"):
+            raise ConfigError(
+                "--resume DIR continues the run in DIR and --overwrite replaces it; pick one"
+            )
         cfg = resume_config(args.resume_dir, given)
     else:
         cfg = config_from_args(args)

@@ -539,6 +539,12 @@ class RunConfig:
             not (self.resume and self.overwrite),
             "--resume continues the run in --out and --overwrite replaces it; pick one",
         )
+        dd = self.data_dir
+        need(
+            dd is None or os.path.isdir(os.path.expanduser(dd)),
+            f"--data-dir {dd}: no such folder; give the folder that holds the dataset's files "
+            "(or drop --data-dir to use the usual places)",
+        )
         nc = self.num_clients
         need(nc is None or nc >= 1, f"--num-clients must be ≥ 1, got {nc}")
         need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
@@ -664,6 +670,11 @@ class RunConfig:
             f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
         )
         need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
+        need(
+            not (self.backend == "engine" and self.on_failure != "renormalize"),
+            f"--on-failure {self.on_failure} applies to --backend flower (the engine's clients "
+            "cannot fail); drop --on-failure or add --backend flower",
+        )
         need(
             not isinstance(self.model, str) or self.model in MODELS or ":" in self.model,
             f"--model must be one of {', '.join(MODELS)} or a PACKAGE.MODULE:FACTORY spec "

@@ -47,8 +47,30 @@ def _num(v):
 
 
 def _read_csv(path: Path) -> list[dict]:
+    """The rows of a CSV table. A row with fewer or more fields than the header (a line
+    half written when its writer was killed) is dropped with a one-line warning."""
+    import sys
+
+    rows, dropped = [], []
     with open(path, newline="") as f:
-        return [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+        reader = csv.DictReader(f)
+        for r in reader:
+            if (
+                None in r
+                or any(v is None for v in r.values())
+                or any("\0" in v for v in r.values())
+            ):
+                dropped.append(reader.line_num)
+                continue
+            rows.append({k: _num(v) for k, v in r.items()})
+    if dropped:
+        where = "the last row" if len(dropped) == 1 else f"{len(dropped)} rows"
+        print(
+            f"fedhmc: warning: {path}: dropped {where} (line {', '.join(map(str, dropped))}), "
+            "written only in part",
+            file=sys.stderr,
+        )
+    return rows
 
 
 def cell_rows(cell_dir: Path, cell: str | None = None, config: dict | None = None) -> list[dict]:

@@ -1,0 +1,67 @@
+"""Combinations that do nothing are refused in one line, leaving nothing behind; readers of
+a run's tables drop a half-written last row with a warning."""
+
+from __future__ import annotations
+
+import pytest
+
+from fedhmc.cli.main import main
+
+
+def cli(capsys, *argv) -> tuple[int, str, str]:
+    capsys.readouterr()
+    try:
+        code = main([str(a) for a in argv])
+    except SystemExit as e:
+        code = e.code
+    got = capsys.readouterr()
+    return code, got.out, got.err
+
+
+@pytest.mark.parametrize(
+    "argv, words",
+    [
+        (["run", "--on-failure", "stop"], "--on-failure stop applies to --backend flower"),
+        (["run", "--data-dir", "/no/such/folder"], "--data-dir /no/such/folder: no such folder"),
+        (["run", "--leapfrog-step", "5"], "unrecognized arguments: --leapfrog-step 5"),
+        (["run", "--nosuch"], "(see fedhmc run --help)"),
+        (["sweep", "--grid", "seed=0,1", "--nosuch"], "(see fedhmc sweep --help)"),
+        (["experiment", "blr-eta", "--quick", "--full"], "--quick and --full"),
+        (["experiment", "fmnist-K", "--workers", "0"], "runs in one process"),
+    ],
+)
+def test_refused_in_one_line_and_nothing_written(tmp_path, capsys, argv, words):
+    out = tmp_path / "out"
+    code, _, err = cli(capsys, *argv, "--out", out)
+    assert code == 2
+    assert words in err and err.count("\n") == 1, err
+    assert not out.exists()
+
+
+def test_resume_with_overwrite_is_refused(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert (
+        cli(capsys, "run", "--rounds", "1", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
+    )
+    code, _, err = cli(capsys, "run", "--resume", out, "--overwrite")
+    assert code == 2 and "pick one" in err
+
+
+def test_experiment_without_a_name_lists_them_on_stderr(capsys):
+    code, out, err = cli(capsys, "experiment")
+    assert code == 2 and out == ""
+    assert err.startswith("usage: fedhmc experiment NAME") and "fmnist-cnn" in err
+
+
+def test_plot_drops_a_half_written_last_row_and_refuses_unknown_metrics(tmp_path, capsys):
+    out = tmp_path / "r"
+    assert (
+        cli(capsys, "run", "--rounds", "3", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
+    )
+    text = (out / "metrics.csv").read_text()
+    (out / "metrics.csv").write_text(text + "4,4,0.5,0.3")  # killed mid-row
+    code, stdout, err = cli(capsys, "plot", out)
+    assert code == 0, err
+    assert "dropped the last row" in err and err.count("\n") == 1
+    code, _, err = cli(capsys, "plot", out, "--kind", "rounds", "--metric", "nosuch")
+    assert code == 2 and "--metric nosuch: no such column" in err and "nll_mean" in err
