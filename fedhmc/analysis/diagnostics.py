@@ -191,6 +191,54 @@ def ess(draws: ArrayLike) -> np.ndarray:
     return _shape_out(draws, _ess_raw(rank_normalize(a)))
 
 
+def ess_tail(draws: ArrayLike) -> np.ndarray:
+    """Tail effective sample size per coordinate (Vehtari et al. 2021, §4.3): the smaller
+    ESS of the indicators I(x ≤ q₀.₀₅) and I(x ≥ q₀.₉₅) on split chains; it governs the
+    Monte Carlo error of the 5 % and 95 % quantiles."""
+    a = _as_draws(draws)
+    flat = a.reshape(-1, a.shape[2])
+    lo, hi = np.quantile(flat, 0.05, axis=0), np.quantile(flat, 0.95, axis=0)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        e_lo = _ess_raw(split_chains((a <= lo).astype(np.float64)))
+        e_hi = _ess_raw(split_chains((a >= hi).astype(np.float64)))
+    return _shape_out(draws, np.minimum(e_lo, e_hi))
+
+
+def per_parameter(samples: ArrayLike) -> dict[str, np.ndarray]:
+    """Split R̂, bulk ESS and tail ESS of every coordinate of (n, m, D) draws."""
+    a = _as_draws(samples)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        return {"rhat": split_rhat(a), "ess_bulk": ess(a), "ess_tail": ess_tail(a)}
+
+
+RHAT_WARN = 1.01
+"""R̂ above this means the chains have not mixed (Vehtari et al. 2021)."""
+ESS_PER_CHAIN_WARN = 100
+"""Bulk or tail ESS below this many per chain is too few for reliable summaries."""
+
+
+def warning(diag: dict) -> str | None:
+    """The one-line convergence warning for :func:`summarize`'s result, or None."""
+    m = int(diag.get("chains", 0))
+    if m < 2:
+        return None
+    need = ESS_PER_CHAIN_WARN * m
+    problems = []
+    r = diag.get("rhat_max", math.nan)
+    if math.isfinite(r) and r > RHAT_WARN:
+        problems.append(f"R-hat {r:.3f} > {RHAT_WARN}")
+    for key, name in (("ess_min", "bulk"), ("ess_tail_min", "tail")):
+        e = diag.get(key, math.nan)
+        if math.isfinite(e) and e < need:
+            problems.append(f"{name} ESS {e:.0f} < {need} ({ESS_PER_CHAIN_WARN} per chain)")
+    if not problems:
+        return None
+    return (
+        f"the chains have not converged ({'; '.join(problems)}); run more rounds or more "
+        "chains before trusting the summaries (fedhmc diagnose RUN_DIR names the parameters)"
+    )
+
+
 def ess_basic(draws: ArrayLike) -> np.ndarray:
     """Effective sample size of the raw (not rank-normalised) split chains.
 
@@ -231,10 +279,13 @@ def summarize(samples: ArrayLike) -> dict:
             "draws": int(a.shape[0]),
             "chains": int(a.shape[1]),
         }
+    with np.errstate(divide="ignore", invalid="ignore"):
+        t = ess_tail(a)
     return {
         "rhat_max": float(r[finite].max()),
         "ess_min": float(e[finite].min()),
         "ess_median": float(np.median(e[finite])),
+        "ess_tail_min": float(np.nanmin(np.where(finite, t, np.nan))),
         "draws": int(a.shape[0]),
         "chains": int(a.shape[1]),
     }

@@ -49,6 +49,9 @@ def build_parser() -> argparse.ArgumentParser:
     from fedhmc.cli.export import add_export_command
 
     add_export_command(sub)
+    from fedhmc.cli.diagnose import add_diagnose_command
+
+    add_diagnose_command(sub)
     return parser
 
 

@@ -29,4 +29,9 @@ def cmd_run(args: argparse.Namespace) -> int:
     result = run_config(cfg, progress=not args.quiet, threads=parse_threads(args.threads))
     if not args.quiet:
         print_final_table(result)
+    warn = result.summary.get("convergence_warning")
+    if warn:
+        import sys
+
+        print(f"fedhmc run: warning: {warn}", file=sys.stderr)
     return 0

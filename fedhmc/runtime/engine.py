@@ -512,6 +512,13 @@ def _run_locked(
             "protocol": protocol_record(cfg),
             "diagnostics": _diagnostics(draws, keep_draws),
         }
+        diag = result.summary["diagnostics"]
+        if diag is not None and status == "completed":
+            from fedhmc.analysis.diagnostics import warning
+
+            text = warning(diag)
+            if text is not None:
+                result.summary["convergence_warning"] = text
         if resumed is not None:
             result.summary["resumed_from_round"] = start - 1
         if status == "interrupted":

@@ -9,6 +9,7 @@ shifted by 2 standard deviations gives R̂ = 1.32, one with 3× the spread 1.15,
 trend of 3 standard deviations 1.26: > 1.1 separates them from the iid case (≤ 1.005).
 """
 
+import json
 import math
 
 import numpy as np
@@ -87,7 +88,7 @@ def test_shapes_types_and_summary():
     assert split_rhat(x[:, :, 0]).shape == () and ess(x[:, :, 0]).shape == ()
     assert ess(x).shape == (5,)
     s = summarize(t)
-    assert set(s) == {"rhat_max", "ess_min", "ess_median", "draws", "chains"}
+    assert set(s) == {"rhat_max", "ess_min", "ess_median", "ess_tail_min", "draws", "chains"}
     assert s["draws"] == 500 and s["chains"] == 3
     assert s["rhat_max"] < 1.01 and 0.85 * 1500 < s["ess_min"] <= s["ess_median"]
     # Odd length: the middle draw is dropped; ties (a discrete coordinate) are fine.
@@ -104,3 +105,39 @@ def test_too_few_draws():
         split_rhat(np.zeros((3, 2)))
     with pytest.raises(ValueError):
         ess(np.zeros(10))
+
+
+def test_tail_ess_equals_arviz():
+    az = pytest.importorskip("arviz")
+    from fedhmc.analysis.diagnostics import ess_tail
+
+    x = np.random.default_rng(3).standard_t(3, size=(300, 4, 2)).cumsum(0) * 0.1
+    want = az.ess(az.convert_to_dataset(x.transpose(1, 0, 2)), method="tail")["x"].values
+    np.testing.assert_allclose(ess_tail(x), want, rtol=1e-8)
+
+
+def test_convergence_warning_speaks_up_only_when_it_should():
+    from fedhmc.analysis.diagnostics import summarize, warning
+
+    g = np.random.default_rng(0)
+    assert warning(summarize(g.normal(size=(400, 4, 3)))) is None  # iid: ESS ≈ 1600
+    stuck = summarize(g.normal(size=(400, 4, 3)).cumsum(0))  # random walks
+    text = warning(stuck)
+    assert "R-hat" in text and "bulk ESS" in text and "tail ESS" in text and "\n" not in text
+    assert warning(summarize(g.normal(size=(400, 1, 3)).cumsum(0))) is None  # one chain
+
+
+def test_a_run_that_has_not_mixed_says_so_and_diagnose_names_the_parameters(tmp_path, capsys):
+    from fedhmc.cli.main import main
+
+    out = tmp_path / "r"
+    argv = ["run", "--chains", "4", "--rounds", "12", "--local-steps", "1", "--quiet"]
+    assert main([*argv, "--out", str(out)]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the chains have not converged" in err
+    summary = json.loads((out / "summary.json").read_text())
+    assert "R-hat" in summary["convergence_warning"]
+    assert main(["diagnose", str(out), "--top", "3"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    assert "parameter" in lines[1] and len(lines) == 2 + 3 + 1
+    assert lines[2].split()[0].startswith(("weight[", "bias["))

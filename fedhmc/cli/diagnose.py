@@ -1,0 +1,95 @@
+"""``fedhmc diagnose RUN_DIR``: R̂, bulk and tail ESS of the worst parameters of a run."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+
+from fedhmc.errors import ConfigError
+
+
+def add_diagnose_command(sub) -> None:
+    p = sub.add_parser(
+        "diagnose",
+        help="convergence diagnostics of a run's draws, worst parameters first",
+        description="Split R-hat, bulk ESS and tail ESS (rank-normalised, as Stan and ArviZ "
+        "compute them) of every parameter of a run with two chains or more; prints the worst.",
+    )
+    p.add_argument("run_dir", metavar="RUN_DIR", help="a run directory (fedhmc run --out)")
+    p.add_argument("--top", type=int, default=10, help="how many parameters to show (default 10)")
+    p.set_defaults(func=cmd_diagnose)
+
+
+def load_draws(run: Path) -> np.ndarray:
+    """The run's collected θ̄, (draws, chains, D): samples.npy, else the checkpoint's."""
+    if (run / "samples.npy").is_file():
+        return np.load(run / "samples.npy")
+    from fedhmc.runtime import checkpoint
+
+    try:
+        state, _ = checkpoint.load(run)
+    except ConfigError:
+        state = {}
+    draws = state.get("draws")
+    if draws is None:
+        raise ConfigError(
+            f"{run} keeps no draws (no samples.npy, none in its checkpoint); run it with "
+            "--save-samples"
+        )
+    return draws.numpy()
+
+
+def parameter_names(run: Path, dim: int) -> list[str]:
+    """A name per coordinate of θ, such as ``conv1.weight[0,0,1,2]`` or ``theta[7]``."""
+    from fedhmc.runtime.export import param_layout
+
+    def read(name):
+        try:
+            return json.loads((run / name).read_text())
+        except (OSError, ValueError):
+            return {}
+
+    names = [""] * dim
+    for name, _, idx in param_layout(read("config.json"), read("summary.json"), dim):
+        for pos in np.ndindex(idx.shape):
+            names[int(idx[pos])] = f"{name}[{','.join(map(str, pos))}]"
+    return names
+
+
+def cmd_diagnose(args) -> int:
+    from fedhmc.analysis.diagnostics import per_parameter, summarize, warning
+
+    run = Path(args.run_dir)
+    if not (run / "config.json").is_file():
+        raise ConfigError(f"{run} has no config.json; is it a fedhmc run directory?")
+    if args.top < 1:
+        raise ConfigError(f"--top must be ≥ 1, got {args.top}")
+    draws = load_draws(run)
+    if draws.ndim != 3 or draws.shape[1] < 2 or draws.shape[0] < 4:
+        raise ConfigError(
+            f"{run} has draws of shape {draws.shape}: diagnostics need 2 chains or more and at "
+            "least 4 draws; run with --chains 4"
+        )
+    stats = per_parameter(draws)
+    names = parameter_names(run, draws.shape[2])
+    rhat = np.where(np.isfinite(stats["rhat"]), stats["rhat"], -np.inf)
+    order = np.argsort(-rhat, kind="stable")[: args.top]
+    diag = summarize(draws)
+    print(
+        f"{run}: {draws.shape[0]} draws × {draws.shape[1]} chains, {draws.shape[2]} parameters; "
+        f"R-hat max {diag['rhat_max']:.3f}, bulk ESS min {diag['ess_min']:.0f}, "
+        f"tail ESS min {diag['ess_tail_min']:.0f}"
+    )
+    width = max(len("parameter"), *(len(names[i]) for i in order))
+    print(f"  {'parameter':<{width}}  {'R-hat':>7}  {'bulk ESS':>9}  {'tail ESS':>9}")
+    for i in order:
+        print(
+            f"  {names[i]:<{width}}  {stats['rhat'][i]:7.3f}  {stats['ess_bulk'][i]:9.0f}  "
+            f"{stats['ess_tail'][i]:9.0f}"
+        )
+    text = warning(diag)
+    if text:
+        print(f"warning: {text}")
+    return 0
