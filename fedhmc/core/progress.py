@@ -17,14 +17,89 @@ def set_quiet(quiet: bool) -> None:
     _quiet = bool(quiet)
 
 
+PLAIN_INTERVAL = 30.0
+"""Seconds between the plain progress lines written where standard error is not a terminal
+(``$FEDHMC_PROGRESS_INTERVAL`` overrides it)."""
+
+
+def _duration(seconds: float) -> str:
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60:02d} s"
+    return f"{s // 3600} h {s % 3600 // 60:02d} min"
+
+
+class PlainProgress:
+    """Progress for logs and batch jobs: a plain line on standard error every
+    :data:`PLAIN_INTERVAL` seconds (from a timer, so also while one long item runs) saying
+    what is done, the time elapsed and an estimate of the time left; the same methods as
+    the tqdm bar that terminals get."""
+
+    def __init__(self, total: int, desc: str, unit: str, initial: int = 0, interval=None):
+        import os
+        import threading
+        import time
+
+        self.total, self.desc, self.unit = int(total), desc, unit
+        self.n = self._start_n = int(initial)
+        self.postfix = ""
+        self._t0 = time.monotonic()
+        self._clock = time.monotonic
+        every = interval or float(os.environ.get("FEDHMC_PROGRESS_INTERVAL", PLAIN_INTERVAL))
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, args=(every,), daemon=True)
+        self._thread.start()
+
+    def line(self) -> str:
+        elapsed = self._clock() - self._t0
+        done = self.n - self._start_n
+        if done > 0 and self.total > self.n:
+            left = f"about {_duration(elapsed / done * (self.total - self.n))} left"
+        elif self.n >= self.total:
+            left = "done"
+        else:
+            left = "time left not known yet"
+        extra = f" ({self.postfix})" if self.postfix else ""
+        return (
+            f"{self.desc}: {self.n}/{self.total} {self.unit}s done, {_duration(elapsed)} "
+            f"elapsed, {left}{extra}"
+        )
+
+    def _loop(self, every: float) -> None:
+        import sys
+
+        while not self._stop.wait(every):
+            print(self.line(), file=sys.stderr, flush=True)
+
+    def update(self, n: int = 1) -> None:
+        self.n += n
+
+    def set_postfix(self, values: dict | None = None, refresh: bool = False, **kw) -> None:
+        items = {**(values or {}), **kw}
+        self.postfix = ", ".join(f"{k} {v}" for k, v in items.items())
+
+    def set_description(self, desc: str, refresh: bool = True) -> None:
+        self.desc = desc
+
+    def close(self) -> None:
+        self._stop.set()
+
+
 def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
     """A progress bar over ``total`` items with an ETA; None when quiet.
 
-    It draws only where standard error is a terminal (tqdm's ``disable=None``) and does not
-    stay on screen when done.
+    On a terminal it is a tqdm bar that does not stay on screen when done; elsewhere (a log
+    file, a batch job) a :class:`PlainProgress` that writes a line every 30 s.
     """
     if _quiet:
         return None
+    import sys
+
+    auto = "file" not in kwargs and kwargs.get("disable") is None
+    if auto and not (hasattr(sys.stderr, "isatty") and sys.stderr.isatty()):
+        return PlainProgress(total, desc, unit, initial)
     from tqdm.auto import tqdm
 
     kwargs.setdefault("leave", False)
