@@ -99,6 +99,9 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     colocated = client_app is None and cfg.algorithm == "fahmc"
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
     logging.getLogger("flwr").setLevel(logging.ERROR)
+    from fedhmc_server.reaper import start_reaper
+
+    reaper = start_reaper()  # Ray's processes end with this one, even under kill -9
     try:
         if old_handlers:
             # Run the simulation in a thread of its own so that this (main) thread keeps
@@ -128,6 +131,9 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
         for sig, handler in old_handlers.items():
             signal.signal(sig, handler)
         StopRequest.signum = None
+        if reaper is not None:  # the run ended here: nothing for the watchdog to do
+            reaper.kill()
+            reaper.wait()
     if "error" in result:
         raise result["error"]
     if "result" not in result:

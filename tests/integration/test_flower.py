@@ -570,12 +570,8 @@ def test_a_signal_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path, 
     ]
     env = {**os.environ, "FLWR_HOME": str(tmp_path / "home")}
 
-    def raylets() -> set[str]:
-        return set(
-            subprocess.run(["pgrep", "-f", "raylet"], capture_output=True, text=True).stdout.split()
-        )
+    from fedhmc_server.reaper import tree
 
-    others = raylets()  # another run's Ray on this machine is not this run's leftover
     proc = subprocess.Popen(
         [sys.executable, "-m", "fedhmc", "run", *args, "--out", str(out)],
         stdout=subprocess.DEVNULL,
@@ -591,6 +587,8 @@ def test_a_signal_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path, 
         except OSError:
             pass
         time.sleep(0.2)
+    ours = tree(proc.pid)  # this run's own processes (Ray's among them), by PID and start
+    assert ours
     t0 = time.monotonic()
     proc.send_signal(signum)
     code = proc.wait(timeout=120)
@@ -601,7 +599,7 @@ def test_a_signal_ends_a_flower_simulation_within_seconds_and_resumes(tmp_path, 
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "interrupted"
     assert (out / "checkpoint.pt").exists()
-    assert not raylets() - others
+    assert not _still_running(ours, within=10.0)
     done = subprocess.run(
         [sys.executable, "-m", "fedhmc", "run", "--resume", str(out), "--quiet"],
         env=env,
@@ -653,3 +651,64 @@ def test_a_grid_without_push_and_pull_gives_the_same_run(tmp_path):
     grid = SendAndReceiveGrid(make_client_app(), 4, cfg.to_run_config())
     b = serve(grid, cfg.replace(out=str(tmp_path / "b")))
     assert torch.equal(a.theta_bar, b.theta_bar)
+
+
+def _still_running(procs: dict[int, int], within: float) -> dict[int, int]:
+    """Those of ``procs`` (PID → start time) still alive after waiting up to ``within`` s."""
+    import time
+
+    from fedhmc_server.reaper import _stat
+
+    deadline = time.monotonic() + within
+    while True:
+        left = {p: t for p, t in procs.items() if (_stat(p) or (0, -1))[1] == t}
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+@pytest.mark.slow
+def test_kill_9_of_a_flower_simulation_leaves_no_process_behind(tmp_path):
+    """SIGKILL gives Ray no chance to shut down: the run's watchdog stops every process the
+    simulation started within seconds (Ray's agents would linger for a minute)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    import time
+
+    from fedhmc_server.reaper import tree
+
+    out = tmp_path / "fl"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedhmc", "run", "--backend", "flower", "--num-clients", "2",
+         "--rounds", "200", "--local-steps", "20", "--quiet", "--out", str(out)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env={**os.environ, "FLWR_HOME": str(tmp_path / "home")},
+    )  # fmt: skip
+    try:
+        deadline = time.monotonic() + 240
+        while (
+            not (out / "metrics.csv").exists()
+            or len((out / "metrics.csv").read_text().splitlines()) < 3
+        ):
+            assert time.monotonic() < deadline and proc.poll() is None, "no round in 240 s"
+            time.sleep(0.2)
+        ours = {p: t for p, t in tree(proc.pid).items()}
+        assert len(ours) >= 3, ours  # Ray's GCS, raylet and workers at least
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    left = _still_running(
+        {p: t for p, t in ours.items() if "reaper" not in _cmdline(p)}, within=10.0
+    )
+    assert not left, {p: _cmdline(p) for p in left}
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/cmdline", "rb") as f:
+            return f.read().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
