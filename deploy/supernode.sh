@@ -23,7 +23,8 @@
 # By default a warm worker (python -m fedhmc_clients.worker) starts first, beside the SuperNode:
 # it keeps torch, the data partition and the target loaded across rounds, and each ClientApp
 # forwards its message to it over a Unix socket that only this user can open
-# (${TMPDIR:-/tmp}/fedhmc-UID/worker-PORT.sock, passed as node config worker-socket). Its PID goes
+# (${TMPDIR:-/tmp}/fedhmc-UID/worker-PORT-TAG.sock, TAG a hash of the deployment's folder and
+# the node's name, passed as node config worker-socket). Its PID goes
 # into the same pid file, so deploy/stop.sh stops both; its log is NAME-worker.log.
 # FLWR_SUPEREXEC_TASK_POLL_INTERVAL (default here 0.05 s, Flower's own is 1 s) shortens each round.
 set -euo pipefail
@@ -90,7 +91,10 @@ if ((worker)); then
     mkdir -p -m 700 "$sockdir"
     [[ -O "$sockdir" && "$(stat -c %a "$sockdir")" == 700 ]] ||
         die "$sockdir must be yours with mode 700 (it holds the workers' sockets)"
-    sock="$sockdir/worker-$port.sock"
+    # Named by port and by this deployment's folder and node, so that two deployments of one
+    # account (or a stale socket of another) never share it.
+    tag=$(printf '%s' "$DEPLOY_DIR/$name" | sha1sum | cut -c1-12)
+    sock="$sockdir/worker-$port-$tag.sock"
     wlog="${log%.log}-worker.log"
     nohup python -m fedhmc_clients.worker --socket "$sock" >>"$wlog" 2>&1 </dev/null &
     wpid=$!

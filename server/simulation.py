@@ -59,6 +59,10 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     flower_environment()
     cfg = prepare(cfg)
     cfg.to_run_config()  # one line, before start-up, if the apps could not rebuild the run
+    if cfg.resume:  # the checkpoint's checks too, before Ray starts (they take seconds)
+        from fedhmc.runtime.engine import prepare_out
+
+        prepare_out(cfg)
     if cfg.model not in MODELS:
         # The user's model module must import in Ray's workers too, from where it imports
         # here (the current folder, as `python -m` and `fedhmc run` allow).

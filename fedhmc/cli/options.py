@@ -140,4 +140,11 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
             f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
         ) from None
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
-    return RunConfig.from_mapping(merged)
+    cfg = RunConfig.from_mapping(merged)
+    burn = saved.get("burn_in")
+    if isinstance(burn, int) and cfg.rounds <= burn and "burn_in" not in given:
+        raise ConfigError(
+            f"--rounds {cfg.rounds} ends within the run's burn-in of {burn} rounds (a resumed "
+            f"run keeps its burn-in); give --rounds above {burn}"
+        )
+    return cfg

@@ -65,3 +65,12 @@ def test_plot_drops_a_half_written_last_row_and_refuses_unknown_metrics(tmp_path
     assert "dropped the last row" in err and err.count("\n") == 1
     code, _, err = cli(capsys, "plot", out, "--kind", "rounds", "--metric", "nosuch")
     assert code == 2 and "--metric nosuch: no such column" in err and "nll_mean" in err
+
+
+def test_a_resume_inside_the_burn_in_names_a_fix_that_is_accepted(tmp_path, capsys):
+    out = tmp_path / "r"
+    argv = ["run", "--rounds", "6", "--burn-in", "4", "--local-steps", "1", "--quiet"]
+    assert cli(capsys, *argv, "--out", out)[0] == 0
+    code, _, err = cli(capsys, "run", "--resume", out, "--rounds", "3")
+    assert code == 2 and "give --rounds above 4" in err and "--burn-in below" not in err
+    assert cli(capsys, "run", "--resume", out, "--rounds", "8", "--quiet")[0] == 0
