@@ -68,3 +68,26 @@ def test_committed_reproduction_notebook_has_its_outputs():
     text = "".join(o.get("text", "") for o in _outputs(nb))
     assert "paper (best)" in text and "Error" not in text
     assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) >= 4
+
+
+def test_own_model_notebook_executes(tmp_path, monkeypatch):
+    sys.path.insert(0, str(ROOT / "notebooks"))
+    try:
+        import make_notebooks
+    finally:
+        sys.path.pop(0)
+    monkeypatch.setenv("FEDHMC_OWN_MODEL_ROUNDS", "3")
+    monkeypatch.setenv("FEDHMC_OWN_MODEL_EPOCHS", "1")
+    monkeypatch.setenv("FEDHMC_OWN_MODEL_OUT", str(tmp_path / "runs"))
+    monkeypatch.setenv("MPLBACKEND", "Agg")
+    nb = make_notebooks.execute(make_notebooks.build(make_notebooks.OWN_MODEL), tmp_path)
+    assert not [o for o in _outputs(nb) if o.output_type == "error"]
+    text = "".join(o.get("text", "") for o in _outputs(nb))
+    assert "Adam MAP" in text
+
+
+def test_committed_own_model_notebook_has_its_outputs():
+    nb = nbformat.read(ROOT / "notebooks" / "own_model.ipynb", as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert code and all(c.get("execution_count") for c in code)
+    assert sum("image/png" in o.get("data", {}) for o in _outputs(nb)) >= 1
