@@ -35,6 +35,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.data_sha256,
         cfg.model,
         cfg.model_arg,
+        cfg.model_batching,
         cfg.hidden,
         cfg.num_clients,
         cfg.partition,

@@ -261,7 +261,7 @@ class TorchModel:
             except Exception as e:
                 raise ConfigError(
                     f"--model {name}: torch.func.vmap cannot batch this module ({type(e).__name__}:"
-                    f" {str(e).splitlines()[0] if str(e) else ''}); use batching 'loop'"
+                    f" {str(e).splitlines()[0] if str(e) else ''}); add --model-batching loop"
                 ) from None
 
     # ----------------------------------------------------------------- layout
@@ -308,7 +308,12 @@ class TorchModel:
     def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """θ (S, D) at round 0 for the run seed's initialisation ``keys`` (S,): ``auto`` and
         ``module`` are the module's own initialisation (:meth:`module_init`, seeded by
-        each key), ``zeros`` and ``normal`` (N(0, I)) as for every model."""
+        each key), except that ``auto`` starts every chain at the weights of a module given
+        as an instance; ``zeros`` and ``normal`` (N(0, I)) as for every model."""
+        if kind == "auto" and isinstance(self._factory, torch.nn.Module):
+            # A module given as an instance (trained, say): every chain starts at its weights.
+            theta = self.flatten(dict(self._factory.named_parameters())).detach()
+            return theta.to(dtype).cpu().expand(keys.shape[0], -1).clone()
         if kind in ("auto", "module"):
             return self.module_init([int(k) for k in keys.tolist()]).to(dtype)
         if kind == "zeros":

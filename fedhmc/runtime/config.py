@@ -101,6 +101,13 @@ class RunConfig:
         "KEY=VALUE keyword argument of the --model factory (repeat the option for more; "
         "Flower's run config joins them with ';')",
     )
+    model_batching: str = _f(
+        "auto",
+        "how a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) evaluates every "
+        "chain and client: vmap (one batched computation), loop (one at a time, for modules "
+        "vmap cannot batch), or auto (loop for convolutions on a CPU, else vmap)",
+        choices=("auto", "vmap", "loop"),
+    )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
     num_clients: int | None = _f(
         None, "number of clients N (default 10, or the clients of a --dataset's client_train)"
@@ -631,6 +638,7 @@ class RunConfig:
             ("dtype", DTYPES),
             ("on_failure", ON_FAILURE),
             ("staleness_dist", STALENESS_DISTS),
+            ("model_batching", ("auto", "vmap", "loop")),
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")

@@ -610,6 +610,10 @@ def run(
         gradient evaluations, every core for large ones: :mod:`fedhmc.runtime.threads`), or
         None to leave torch's setting as it is.
     """
+    if cfg.backend != "engine":  # the run's own backend (Flower's simulation), not this one
+        from fedhmc.runtime.backends import run_config
+
+        return run_config(cfg, progress=progress, threads=threads)
     cfg = prepare(cfg)
     if cfg.algorithm in ASYNC_ALGORITHMS:
         raise ConfigError(

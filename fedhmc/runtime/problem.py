@@ -344,6 +344,7 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
         data.num_classes,
         data.X_train[:4],
         kwargs,
+        batching=cfg.model_batching,
         dtype=torch_dtype(cfg),
         device=device,
         name=label,

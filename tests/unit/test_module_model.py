@@ -302,3 +302,30 @@ def test_every_model_satisfies_the_model_protocol():
         TorchModel(lambda: nn.Linear(F, C), C, torch.randn(2, F)),
     ):
         assert isinstance(model, Model)
+
+
+def test_a_module_instance_starts_every_chain_at_its_own_weights(tmp_path):
+    torch.manual_seed(5)
+    trained = mlp_layout((4,))
+    cfg = _base(model=trained, init=None).resolve()
+    problem = build_problem(cfg)
+    theta = initial_position(problem.model, problem.dim, cfg)
+    want = torch.cat([p.detach().reshape(-1) for p in trained.parameters()]).double()
+    assert torch.equal(theta[0], want) and torch.equal(theta[1], want)
+    redrawn = initial_position(problem.model, problem.dim, cfg.replace(init="module"))
+    assert not torch.equal(redrawn[0], want) and not torch.equal(redrawn[0], redrawn[1])
+
+
+def test_model_batching_is_an_option_and_both_give_the_same_chain(tmp_path):
+    a = _final(_base(model=mlp_layout, model_batching="vmap"), tmp_path, "v")
+    b = _final(_base(model=mlp_layout, model_batching="loop"), tmp_path, "l")
+    assert _rel(a, b) < 1e-10
+
+
+def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
+    import fedhmc_server.simulation as sim
+
+    seen = {}
+    monkeypatch.setattr(sim, "run_flower", lambda cfg, progress=True: seen.setdefault("cfg", cfg))
+    run(_base(backend="flower", out=str(tmp_path / "f")), progress=False)
+    assert seen["cfg"].backend == "flower"
