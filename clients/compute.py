@@ -20,6 +20,8 @@ from fedhmc_clients.task import (
     num_examples,
 )
 
+from fedhmc.runtime import wire
+
 KINDS = ("query", "train", "grad")
 COLOCATED_KEY = "simulation-colocated"
 """Run-config key that the Flower simulation sets: its clients share one process, so a
@@ -49,6 +51,7 @@ def compute(
         return {"grad": grad}, {"num-examples": n_c, "partition-id": pid}
     if kind != "train":
         raise ValueError(f"unknown message kind {kind!r}; expected one of {KINDS}")
+    wire.check_data(cfg, config)
     theta_bar = arrays["theta"]
     correction, local_grad = None, None
     if config.get("algorithm") == "fahmc-debiased":

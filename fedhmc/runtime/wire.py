@@ -44,6 +44,8 @@ def encode_round(cfg: RunConfig, round_: int, num_total: int) -> dict:
         "chains": int(cfg.chains),
         "algorithm": str(cfg.algorithm),
         "anchor-batch-size": int(cfg.anchor_batch_size),
+        # The server's data: a client whose own copy differs refuses the round.
+        "data-sha256": str(cfg.data_sha256 or ""),
     }
     out.update({k: t(getattr(cfg, f)) for k, (_, f, t) in SAMPLER.items()})
     out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
@@ -73,3 +75,16 @@ def encode_async(cfg: RunConfig, chain: int, timestamp: int, request: int, num_t
         "prior-std": float(cfg.prior_std),
         "grad-noise": float(cfg.grad_noise),
     }
+
+
+def check_data(cfg: RunConfig, message: dict) -> None:
+    """Refuse a round whose server holds other data than this client (by SHA-256)."""
+    want = message.get("data-sha256") or ""
+    if want and cfg.data_sha256 and want != cfg.data_sha256:
+        from fedhmc.errors import DataError
+
+        raise DataError(
+            f"this client's copy of {cfg.to_dict()['dataset']} differs from the server's "
+            f"(SHA-256 {cfg.data_sha256[:12]}… against {want[:12]}…); give every machine the "
+            "same file"
+        )

@@ -121,3 +121,18 @@ class LocalGridInProcess(LocalGrid):
 
     def pull_messages(self, message_ids):
         return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
+
+
+def test_a_client_with_other_data_than_the_server_refuses_the_round(user_files):
+    from fedhmc.errors import FedHMCError
+
+    other = np.load(user_files / "data.npz")
+    arrays = {k: other[k] for k in other.files}
+    arrays["y_train"] = (arrays["y_train"] + 1) % 3
+    np.savez(user_files / "other.npz", **arrays)
+    cfg = _cfg(user_files, "f", max_failed_rounds=1).resolve()
+    rc = {**cfg.to_run_config(), "dataset": str(user_files / "other.npz"), "data-sha256": ""}
+    grid = LocalGridInProcess(make_client_app(), cfg.num_clients, rc)
+    with pytest.raises(FedHMCError, match="differs from the server's") as e:
+        serve(grid, cfg)
+    assert "\n" not in str(e.value)
