@@ -53,9 +53,13 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         stream = sys.stdout if args.list else sys.stderr
         if not args.list:
             print("usage: fedhmc experiment NAME [options]; the experiments:", file=stream)
+        from fedhmc.experiments import DURATIONS
+
         width = max(len(k) for k in EXPERIMENTS)
         for name, (_, text) in EXPERIMENTS.items():
-            print(f"{name:<{width}}  {text}", file=stream)
+            default, full = DURATIONS.get(name, ("not measured", "not measured"))
+            took = f"[default: {default}" + (f"; --full: {full}]" if full else "]")
+            print(f"{name:<{width}}  {text} {took}", file=stream)
         return 0 if args.list else 2
     fn, _ = EXPERIMENTS[args.name]
     # Every option is checked before the output folder is made: a refusal leaves nothing.

@@ -116,3 +116,31 @@ EXPERIMENTS.update(
         ),
     }
 )
+
+
+DURATIONS: dict[str, tuple[str, str | None]] = {
+    # name: (default budget, --full budget, or None when there is none), on 2 CPU cores,
+    # as measured for the results pages (the --full paper figures: their cells' wall time
+    # summed, halved for --workers 2).
+    "delayed-sgld": ("3-8 min", None),
+    "debiased-gaussian": ("35 s", None),
+    "gaussian-dim": ("not measured", None),
+    "blr-eta": ("4 min", "not measured"),
+    "blr-d10": ("40 s", "not measured"),
+    "blr-T": ("8 min", "not measured"),
+    "fmnist-K": ("5 min", "not measured"),
+    "fmnist-T": ("5 min", "not measured"),
+    "fmnist-mlp": ("not measured", "not measured"),
+    "fmnist-cnn": ("35 min", "days (meant for a GPU)"),
+    "kmnist": ("not measured", "not measured"),
+    "cifar2": ("not measured", "not measured"),
+    "stale-gaussian": ("15 s", None),
+    "stale-variance": ("2 min", None),
+    "paper-fmnist-K": ("not measured", "4-5 h with --workers 2"),
+    "paper-fmnist-T": ("not measured", "3 h with --workers 2"),
+    "paper-fmnist-K-dirichlet": ("not measured", "4 h with --workers 2"),
+    "paper-fmnist-T-dirichlet": ("not measured", "2.5 h with --workers 2"),
+    "paper-blr-T": ("not measured", "under 2 h (d = 100)"),
+    "paper-fmnist-mlp": ("not measured", "1.5 h with --workers 2"),
+}
+"""Each preset's estimated duration at its default and ``--full`` budgets (``--list``)."""

@@ -74,3 +74,16 @@ def test_a_resume_inside_the_burn_in_names_a_fix_that_is_accepted(tmp_path, caps
     code, _, err = cli(capsys, "run", "--resume", out, "--rounds", "3")
     assert code == 2 and "give --rounds above 4" in err and "--burn-in below" not in err
     assert cli(capsys, "run", "--resume", out, "--rounds", "8", "--quiet")[0] == 0
+
+
+def test_experiment_list_gives_every_preset_a_duration(capsys):
+    import inspect
+
+    from fedhmc.experiments import DURATIONS, EXPERIMENTS
+
+    assert set(DURATIONS) == set(EXPERIMENTS)
+    for name, (fn, _) in EXPERIMENTS.items():
+        assert (DURATIONS[name][1] is not None) == ("full" in inspect.signature(fn).parameters)
+    code, out, _ = cli(capsys, "experiment", "--list")
+    assert code == 0 and "fmnist-cnn" in out
+    assert all("[default: " in line for line in out.splitlines())
