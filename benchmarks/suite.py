@@ -13,6 +13,10 @@ the client-gradient evaluations per second of
 - ``posteriors``: the ``posteriors`` library's SGHMC, one chain per client (only when the
   package is installed: ``pip install -e '.[bench]'``).
 
+The ``models`` group (:mod:`benchmarks.models`, several minutes) measures the generic
+``nn.Module`` path against the hand-written logistic regression and MLP, and LeNet-5
+against a per-client autograd loop and posteriors' SGHMC.
+
 It then measures the Flower simulation against the engine (Fashion-MNIST logistic
 regression, N = 10, T = 50, K = 10; Ray start-up reported apart from the round loop), the
 peak resident memory of 1,000 simulated clients on digits (in a subprocess), the BMA
@@ -22,10 +26,14 @@ reached, and the results are written to ``docs/results/benchmarks/<UTC time>.jso
 
 Usage::
 
-    python -m benchmarks                   # everything (a few minutes)
-    python -m benchmarks --only digits     # a subset: digits, blr, fmnist, mlp, flower,
-                                           # memory, eval, paper (comma-separated)
+    python -m benchmarks                   # everything but deploy (a few minutes, and
+                                           # 10-20 more for the models group on 2 cores)
+    python -m benchmarks --only digits     # a subset: digits, blr, fmnist, mlp, threads,
+                                           # flower, memory, eval, paper, models
+                                           # (comma-separated)
     python -m benchmarks --only deploy     # a loopback deployment against Flower's floor
+    python -m benchmarks --only models     # the generic nn.Module path (benchmarks.models)
+    python -m benchmarks --only models --device cuda   # the same on a GPU
     python -m benchmarks --smoke           # tiny sizes, seconds, no targets (what CI runs)
 """
 
@@ -68,6 +76,7 @@ GROUPS = (
     "eval",
     "paper",
     "deploy",
+    "models",
 )
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "deploy")  # deploy: --only deploy
 
@@ -540,6 +549,11 @@ def targets(results: dict) -> list[dict]:
                 f">= {shape.posteriors_target:g}",
                 row["engine/posteriors"] >= shape.posteriors_target,
             )
+    if results.get("models"):
+        from benchmarks.models import targets as model_targets
+
+        for name, value, bound, ok in model_targets(results["models"]):
+            add(name, value, bound, ok)
     fl = results.get("flower")
     if fl and "flower/engine" in fl:
         add(
@@ -669,6 +683,10 @@ def render(results: dict) -> str:
                 f"({p['measured/estimate']:.2f} × the estimate)"
             )
         lines += ["", line + "."]
+    if results.get("models"):
+        from benchmarks.models import render as render_models
+
+        lines += ["", render_models(results["models"]).rstrip()]
     if results.get("deploy"):
         from benchmarks.deploy import render as render_deploy
 
@@ -694,7 +712,9 @@ class _Stages:
         if self.started:
             self.bar.update(1)
         self.started = True
-        if self.bar.disable:  # no terminal: one line a stage, as a log would want
+        # No terminal (tqdm disabled, or fedhmc's plain progress): one line a stage, as a
+        # log would want.
+        if getattr(self.bar, "disable", True):
             print(f"... {label}", file=sys.stderr, flush=True)
         self.bar.set_description(label)
 
@@ -710,6 +730,10 @@ def _count_stages(groups: set[str]) -> int:
     n = sum(1 for s in SHAPES if s.key in groups)
     n += sum(1 for g in ("threads", "eval", "flower", "deploy", "memory") if g in groups)
     n += 2 if "paper" in groups else 0
+    if "models" in groups:
+        from benchmarks.models import GENERIC_SHAPES
+
+        n += len(GENERIC_SHAPES) + 1
     return max(1, n)
 
 
@@ -736,6 +760,12 @@ def main(argv=None) -> int:
         help="directory for <time>.json and .md "
         "(default docs/results/benchmarks; --smoke writes nothing unless given)",
     )
+    ap.add_argument(
+        "--device",
+        default="cpu",
+        help="torch device of the models group (cpu, cuda, cuda:N); the other groups run on "
+        "the CPU",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress; only the report")
     args = ap.parse_args(argv)
     groups = set(DEFAULT_GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
@@ -745,6 +775,11 @@ def main(argv=None) -> int:
             f"--only: unknown group(s) {', '.join(sorted(unknown))}; choose from "
             f"{', '.join(GROUPS)}"
         )
+    try:
+        if torch.device(args.device).type not in ("cpu", "cuda"):
+            raise RuntimeError
+    except RuntimeError:
+        raise ConfigError(f"--device {args.device!r}: use cpu, cuda or cuda:N") from None
     set_quiet(args.quiet)
     stages = _Stages(_count_stages(groups))
     torch.manual_seed(0)
@@ -822,6 +857,12 @@ def main(argv=None) -> int:
 
         stages.next("deployment on loopback (a few minutes)")
         results["deploy"] = bench_deploy(args.deploy_rounds)
+    if "models" in groups:
+        from benchmarks.models import bench_models
+
+        results["models"] = bench_models(
+            smoke=args.smoke, repeats=args.repeats, device=args.device, stage=stages.next
+        )
     if "memory" in groups:
         stages.next("memory")
         n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)

@@ -105,7 +105,8 @@ class RunConfig:
         "auto",
         "how a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) evaluates every "
         "chain and client: vmap (one batched computation), loop (one at a time, for modules "
-        "vmap cannot batch), or auto (loop for convolutions on a CPU, else vmap)",
+        "vmap cannot batch), or auto (loop for convolutions on a CPU with 100,000 input "
+        "values or more per client minibatch, else vmap)",
         choices=("auto", "vmap", "loop"),
     )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")

@@ -348,6 +348,7 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
         dtype=torch_dtype(cfg),
         device=device,
         name=label,
+        batch_size=cfg.batch_size or len(data.y_train),
     )
 
 

@@ -21,12 +21,19 @@ def reference_loss_grad(model, theta, X, y, sw):
     return torch.bmm(X.transpose(1, 2), resid).reshape(theta.shape), nll
 
 
+def _prepare_rows(model, X):
+    """``model.prepare`` of every row of X (M, B, F): prepare takes examples (n, *features)
+    and flattens feature shapes, so the rows are folded into the examples and back."""
+    M, B, F = X.shape
+    return model.prepare(X.reshape(M * B, F)).view(M, B, -1)
+
+
 @pytest.mark.parametrize("M,B,F,C", [(3, 7, 5, 4), (2, 50, 30, 2), (10, 32, 64, 10)])
 @pytest.mark.parametrize("need_value", [True, False])
 def test_logistic_kernel_matches_textbook_form(M, B, F, C, need_value):
     gen = torch.Generator().manual_seed(M * B + F)
     model = LogisticRegression(F, C)
-    X = model.prepare(torch.randn(M, B, F, generator=gen, dtype=torch.float64))
+    X = _prepare_rows(model, torch.randn(M, B, F, generator=gen, dtype=torch.float64))
     y = torch.randint(0, C, (M, B), generator=gen)
     sw = torch.rand(M, B, generator=gen, dtype=torch.float64) * 3
     theta = torch.randn(M, model.dim, generator=gen, dtype=torch.float64)
@@ -86,7 +93,7 @@ def test_unknown_group_is_one_clear_line(capsys):
 def test_shared_full_batch_kernel_matches_textbook_form(S, N, n, F, C, need_value):
     gen = torch.Generator().manual_seed(S * 100 + n)
     model = LogisticRegression(F, C)
-    X = model.prepare(torch.randn(N, n, F, generator=gen, dtype=torch.float64))
+    X = _prepare_rows(model, torch.randn(N, n, F, generator=gen, dtype=torch.float64))
     y = torch.randint(0, C, (N, n), generator=gen)
     sw = torch.rand(N, n, generator=gen, dtype=torch.float64) * 3
     theta = torch.randn(S, N, model.dim, generator=gen, dtype=torch.float64)
@@ -96,3 +103,51 @@ def test_shared_full_batch_kernel_matches_textbook_form(S, N, n, F, C, need_valu
         torch.testing.assert_close(g[s], g_ref, rtol=1e-12, atol=1e-12)
         if need_value:
             torch.testing.assert_close(nll[s], nll_ref, rtol=1e-12, atol=1e-12)
+
+
+def test_smoke_models_group_runs_and_reports(tmp_path, capsys):
+    """``--only models`` (smoke): the generic path against the built-ins, and LeNet-5."""
+    from benchmarks.suite import main
+
+    assert main(["--smoke", "--only", "models", "--out", str(tmp_path)]) == 0
+    text = capsys.readouterr().out
+    assert "generic / hand-written" in text and "LeNet-5" in text
+    assert "CUDA: " in text
+    (js,) = tmp_path.glob("*.json")
+    models = json.loads(js.read_text())["models"]
+    assert {r["model"] for r in models["generic"]} == {"logistic", "mlp"}
+    for row in models["generic"]:
+        assert row["evals_per_s"]["hand-written"] > 0
+        assert all(r > 0 for r in row["ratios"].values())
+        assert set(row["batching"].values()) == {"vmap"}
+    cnn = models["cnn"]
+    assert cnn["auto_batching"] in ("vmap", "loop")
+    (row,) = cnn["rows"]
+    assert {"fedhmc vmap", "fedhmc loop", "autograd loop"} <= set(row["evals_per_s"])
+    assert row["fedhmc/autograd loop"] > 0
+
+
+def test_generic_logistic_modules_match_the_builtin():
+    """The benchmark's nn.Module twins compute the built-in logistic regression's numbers."""
+    from benchmarks.models import affine, linear
+    from fedhmc.models.module import TorchModel
+
+    gen = torch.Generator().manual_seed(3)
+    F, C, M, B = 6, 4, 3, 5
+    builtin = LogisticRegression(F, C)
+    X = torch.randn(M, B, F, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, C, (M, B), generator=gen)
+    sw = torch.rand(M, B, generator=gen, dtype=torch.float64)
+    theta = torch.randn(M, builtin.dim, generator=gen, dtype=torch.float64)
+    g_ref, nll_ref = builtin.loss_grad(theta, _prepare_rows(builtin, X), y, sw)
+    twin = TorchModel(affine, C, X[0], {"num_features": F, "num_classes": C}, dtype=torch.float64)
+    g, nll = twin.loss_grad(theta, X, y, sw)
+    torch.testing.assert_close(g, g_ref)
+    torch.testing.assert_close(nll, nll_ref)
+    lin = TorchModel(linear, C, X[0], {"num_features": F, "num_classes": C}, dtype=torch.float64)
+    W = theta.view(M, F + 1, C)
+    theta_lin = torch.cat([W[:, :F].transpose(1, 2).reshape(M, -1), W[:, F]], dim=1)
+    g, nll = lin.loss_grad(theta_lin, X, y, sw)
+    torch.testing.assert_close(nll, nll_ref)
+    g_W = torch.cat([g[:, : F * C].view(M, C, F).transpose(1, 2), g[:, F * C :].view(M, 1, C)], 1)
+    torch.testing.assert_close(g_W.reshape(M, -1), g_ref)
