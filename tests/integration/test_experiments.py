@@ -99,11 +99,26 @@ def test_blr_eta_quick_caches_its_reference(tmp_path, monkeypatch):
 def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypatch):
     monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
     monkeypatch.delenv("FEDHMC_DATA", raising=False)
-    where = tmp_path / "nowhere"
+    where = tmp_path / "empty"  # a folder without the files
+    where.mkdir()
     args = ["experiment", "kmnist", "--quick", "--data-dir", str(where), "--out", str(tmp_path)]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(where) in err[0] and "--download" in err[0]
+    # A folder that does not exist is named as such, before anything is written.
+    out = tmp_path / "out"
+    args = [
+        "experiment",
+        "kmnist",
+        "--quick",
+        "--data-dir",
+        str(tmp_path / "no"),
+        "--out",
+        str(out),
+    ]
+    assert main(args) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "no such folder" in err[0] and not out.exists()
 
 
 def test_rounds_to_reach():
