@@ -50,8 +50,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if args.metric is not None and not any(args.metric in r for r in rows):
         numeric = [k for k, v in rows[-1].items() if isinstance(v, int | float)]
         raise ConfigError(
-            f"--metric {args.metric}: no such column in {args.table}; choose one of "
-            f"{', '.join(numeric)}"
+            f"--metric: no column {args.metric!r} in the table; available: {', '.join(numeric)}"
         )
     metric = args.metric or default_metric(rows)
     name = "plot-metrics" if args.kind == "metrics" else f"plot-{args.kind}-{metric}"

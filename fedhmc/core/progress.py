@@ -83,6 +83,12 @@ class PlainProgress:
     def set_description(self, desc: str, refresh: bool = True) -> None:
         self.desc = desc
 
+    def write(self, message: str) -> None:
+        """A line of its own (tqdm's ``write``)."""
+        import sys
+
+        print(message, file=sys.stderr, flush=True)
+
     def close(self) -> None:
         self._stop.set()
 

@@ -64,7 +64,7 @@ def test_plot_drops_a_half_written_last_row_and_refuses_unknown_metrics(tmp_path
     assert code == 0, err
     assert "dropped the last row" in err and err.count("\n") == 1
     code, _, err = cli(capsys, "plot", out, "--kind", "rounds", "--metric", "nosuch")
-    assert code == 2 and "--metric nosuch: no such column" in err and "nll_mean" in err
+    assert code == 2 and "no column 'nosuch' in the table" in err and "nll_mean" in err
 
 
 def test_a_resume_inside_the_burn_in_names_a_fix_that_is_accepted(tmp_path, capsys):
