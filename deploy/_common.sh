@@ -33,6 +33,15 @@ need_cmd() {
     done
 }
 
+# The Unix socket of a SuperNode's warm worker: SOCKDIR PORT NAME. Named by the port and by
+# a hash of this deployment's folder and the node's name, so that two deployments of one
+# account (or a stale socket of another) never share it.
+worker_socket() {
+    local tag
+    tag=$(printf '%s' "$DEPLOY_DIR/$3" | sha1sum | cut -c1-12)
+    printf '%s/worker-%s-%s.sock\n' "$1" "$2" "$tag"
+}
+
 # True when something accepts TCP connections on HOST:PORT.
 port_open() {
     (exec 3<>"/dev/tcp/$1/$2") 2>/dev/null

@@ -91,10 +91,7 @@ if ((worker)); then
     mkdir -p -m 700 "$sockdir"
     [[ -O "$sockdir" && "$(stat -c %a "$sockdir")" == 700 ]] ||
         die "$sockdir must be yours with mode 700 (it holds the workers' sockets)"
-    # Named by port and by this deployment's folder and node, so that two deployments of one
-    # account (or a stale socket of another) never share it.
-    tag=$(printf '%s' "$DEPLOY_DIR/$name" | sha1sum | cut -c1-12)
-    sock="$sockdir/worker-$port-$tag.sock"
+    sock=$(worker_socket "$sockdir" "$port" "$name")
     wlog="${log%.log}-worker.log"
     nohup python -m fedhmc_clients.worker --socket "$sock" >>"$wlog" 2>&1 </dev/null &
     wpid=$!

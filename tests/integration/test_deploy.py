@@ -236,3 +236,24 @@ def test_a_user_module_and_data_file_in_a_deployment(tmp_path):
     cfg = json.loads((out / "config.json").read_text())
     assert cfg["model"] == "deploynets:make" and cfg["partition"] == "given"
     assert len(cfg["data_sha256"]) == 64
+
+
+def test_two_deployments_never_share_a_worker_socket(tmp_path):
+    """The warm worker's socket is named by port, deployment folder and node: two
+    deployments of one account on the same port get two sockets."""
+
+    def socket_of(deploy_dir, name="client0", port="9100"):
+        res = subprocess.run(
+            ["bash", "-c", f'source "{DEPLOY / "_common.sh"}"; worker_socket /s {port} {name}'],
+            env={**os.environ, "FEDHMC_DEPLOY_DIR": str(deploy_dir)},
+            capture_output=True,
+            text=True,
+            check=True,
+        )
+        return res.stdout.strip()
+
+    a, b = socket_of(tmp_path / "a"), socket_of(tmp_path / "b")
+    assert a != b and a.startswith("/s/worker-9100-") and a.endswith(".sock")
+    assert socket_of(tmp_path / "a") == a  # the same deployment finds its own again
+    assert socket_of(tmp_path / "a", name="client1") != a
+    assert len(a) < 100  # within the 108 bytes of a Unix socket path
