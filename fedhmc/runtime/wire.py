@@ -44,9 +44,9 @@ def encode_round(cfg: RunConfig, round_: int, num_total: int) -> dict:
         "chains": int(cfg.chains),
         "algorithm": str(cfg.algorithm),
         "anchor-batch-size": int(cfg.anchor_batch_size),
-        # The server's data: a client whose own copy differs refuses the round.
-        "data-sha256": str(cfg.data_sha256 or ""),
     }
+    if cfg.data_sha256:  # the server's data: a client whose own copy differs refuses the round
+        out["data-sha256"] = str(cfg.data_sha256)  # (Flower cannot count an empty string)
     out.update({k: t(getattr(cfg, f)) for k, (_, f, t) in SAMPLER.items()})
     out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
     return out
