@@ -679,11 +679,7 @@ class RunConfig:
             f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
         )
         need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
-        need(
-            not (self.backend == "engine" and self.on_failure != "renormalize"),
-            f"--on-failure {self.on_failure} applies to --backend flower (the engine's clients "
-            "cannot fail); drop --on-failure or add --backend flower",
-        )
+
         need(
             not isinstance(self.model, str) or self.model in MODELS or ":" in self.model,
             f"--model must be one of {', '.join(MODELS)} or a PACKAGE.MODULE:FACTORY spec "

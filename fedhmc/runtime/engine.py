@@ -615,6 +615,11 @@ def run(
 
         return run_config(cfg, progress=progress, threads=threads)
     cfg = prepare(cfg)
+    if cfg.on_failure != "renormalize":  # (the Flower server reads it; this engine does not)
+        raise ConfigError(
+            f"--on-failure {cfg.on_failure} applies to --backend flower (the engine's clients "
+            "cannot fail); drop --on-failure or add --backend flower"
+        )
     if cfg.algorithm in ASYNC_ALGORITHMS:
         raise ConfigError(
             f"--algorithm {cfg.algorithm} is a protocol between a server and Flower workers; "

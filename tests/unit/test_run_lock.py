@@ -74,9 +74,10 @@ def test_a_live_run_is_refused_then_taken_over_after_kill_9(tmp_path, capsys):
         first.wait()
     summary = json.loads((out / "summary.json").read_text())
     assert summary["status"] == "running" and summary["rounds_completed"] >= 5
+    # The summary follows each checkpoint (every 5 rounds): the kill may fall between the two.
     reached = summary["rounds_completed"]
-    code, err = cli(capsys, "run", "--resume", out, "--rounds", reached + 2, "--quiet")
+    code, err = cli(capsys, "run", "--resume", out, "--rounds", reached + 10, "--quiet")
     assert code == 0, err
     assert f"left locked by process {first.pid}" in err
     done = json.loads((out / "summary.json").read_text())
-    assert done["status"] == "completed" and done["rounds_completed"] == reached + 2
+    assert done["status"] == "completed" and done["rounds_completed"] == reached + 10
