@@ -8,6 +8,8 @@ the time left, drawn only on a terminal. ``--quiet`` turns every bar of the proc
 
 from __future__ import annotations
 
+import weakref
+
 _quiet = False
 
 
@@ -49,7 +51,11 @@ class PlainProgress:
         self._clock = time.monotonic
         every = interval or float(os.environ.get("FEDHMC_PROGRESS_INTERVAL", PLAIN_INTERVAL))
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._loop, args=(every,), daemon=True)
+        # The thread holds the bar only weakly: a bar that its caller drops without closing
+        # (an exception on the way) stops printing once it is collected.
+        self._thread = threading.Thread(
+            target=PlainProgress._loop, args=(weakref.ref(self), self._stop, every), daemon=True
+        )
         self._thread.start()
 
     def line(self) -> str:
@@ -67,11 +73,19 @@ class PlainProgress:
             f"elapsed, {left}{extra}"
         )
 
-    def _loop(self, every: float) -> None:
+    @staticmethod
+    def _loop(ref, stop, every: float) -> None:
         import sys
 
-        while not self._stop.wait(every):
-            print(self.line(), file=sys.stderr, flush=True)
+        while not stop.wait(every):
+            bar = ref()
+            if bar is None:
+                return
+            print(bar.line(), file=sys.stderr, flush=True)
+            del bar
+
+    def __del__(self) -> None:
+        self._stop.set()
 
     def update(self, n: int = 1) -> None:
         self.n += n

@@ -33,41 +33,46 @@ def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = Tru
     interrupted experiment resumes where it stopped. Returns the tidy rows: one per
     (cell, round), with the cell's settings and the round's metrics.
     """
-    from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import run
-
     rows: list[dict] = []
     bar = None
     if progress:
         from fedhmc.core.progress import bar_or_null
 
         bar = bar_or_null(len(cells), "cells", "cell")
-    for cell in cells:
-        name = "_".join(f"{k}={v}" for k, v in cell.items())
-        cell_dir = out_dir / "cells" / name
-        cfg = RunConfig.from_mapping({**base, **cell, "out": str(cell_dir)})
-        summary_path = cell_dir / "summary.json"
-        done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == (
-            "completed"
-        )
-        from fedhmc.sweep.cells import same_run_settings
-
-        if done and same_run_settings(
-            json.loads((cell_dir / "config.json").read_text()),
-            json.loads(json.dumps(cfg.resolve().to_dict(), default=str)),
-        ):
-            with open(cell_dir / "metrics.csv") as f:
-                history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
-        else:
-            from fedhmc.runtime.engine import prepare, resume_or_replace
-
-            history = run(resume_or_replace(prepare(cfg)), progress=False).history
-        rows += [{**cell, **h} for h in history]
+    try:
+        for cell in cells:
+            rows += _cell_rows(out_dir, base, cell)
+            if bar is not None:
+                bar.update(1)
+    finally:
         if bar is not None:
-            bar.update(1)
-    if bar is not None:
-        bar.close()
+            bar.close()
     return rows
+
+
+def _cell_rows(out_dir: Path, base: dict, cell: dict) -> list[dict]:
+    """One cell of :func:`run_cells`: its rows, run (or resumed) or read back when done."""
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run
+
+    name = "_".join(f"{k}={v}" for k, v in cell.items())
+    cell_dir = out_dir / "cells" / name
+    cfg = RunConfig.from_mapping({**base, **cell, "out": str(cell_dir)})
+    summary_path = cell_dir / "summary.json"
+    done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == "completed"
+    from fedhmc.sweep.cells import same_run_settings
+
+    if done and same_run_settings(
+        json.loads((cell_dir / "config.json").read_text()),
+        json.loads(json.dumps(cfg.resolve().to_dict(), default=str)),
+    ):
+        with open(cell_dir / "metrics.csv") as f:
+            history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
+    else:
+        from fedhmc.runtime.engine import prepare, resume_or_replace
+
+        history = run(resume_or_replace(prepare(cfg)), progress=False).history
+    return [{**cell, **h} for h in history]
 
 
 def _num(v: str):
