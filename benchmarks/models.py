@@ -6,9 +6,9 @@ repeats), in client-gradient evaluations per second of FA-HMC rounds
 (``fedhmc.algorithms.fahmc.run_round``: T·(K+1)·N evaluations a round):
 
 1. **Generic against hand-written.** The built-in logistic regression and MLP
-   (:mod:`fedhmc.models.nets`, closed-form and hand-written backpropagation) against the
+   (``fedhmc.models.nets``, closed-form and hand-written backpropagation) against the
    same models written as ordinary ``nn.Module`` s and sampled through
-   :class:`fedhmc.models.module.TorchModel` (``vmap`` of ``functional_call``, one reverse
+   ``fedhmc.models.module.TorchModel`` (``vmap`` of ``functional_call``, one reverse
    pass): ``nn.Linear``; a module with one parameter W of shape (F+1, C) applied to
    [x, 1]; ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with the built-in
    widths. Same data, clients, batch, step size, T and K; the ratio generic / hand-written.

@@ -13,7 +13,7 @@ the client-gradient evaluations per second of
 - ``posteriors``: the ``posteriors`` library's SGHMC, one chain per client (only when the
   package is installed: ``pip install -e '.[bench]'``).
 
-The ``models`` group (:mod:`benchmarks.models`, several minutes) measures the generic
+The ``models`` group (``benchmarks.models``, several minutes) measures the generic
 ``nn.Module`` path against the hand-written logistic regression and MLP, and LeNet-5
 against a per-client autograd loop and posteriors' SGHMC.
 

@@ -24,7 +24,7 @@ cover every example exactly once. The result depends only on the labels, the arg
 
 The methods see only the labels (any non-negative integers; classes may be missing), so they
 work on user data as on the named datasets. A split the user already has (one client id per
-example) is turned into the same format by :func:`partition_given`.
+example) is turned into the same format by ``partition_given``.
 """
 
 from __future__ import annotations
@@ -310,7 +310,7 @@ def partition_given(client_ids) -> list[np.ndarray]:
     -------
     list of np.ndarray
         ``N`` sorted int64 index arrays, disjoint and covering ``range(n)`` (the format of
-        :func:`partition`); array ``i`` holds the examples whose id is ``i``.
+        ``partition``); array ``i`` holds the examples whose id is ``i``.
 
     Raises
     ------

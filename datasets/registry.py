@@ -13,8 +13,8 @@ Every dataset comes back as float32 features ``(n, F)`` (images flattened) and i
   d = 1000 features, 1000 training examples, 2 classes.
 
 Where files are looked for is described in :mod:`fedhmc_datasets.locate`; scaling options in
-:mod:`fedhmc_datasets.scaling`. Data of your own (an ``.npz`` file, tensors or torch datasets)
-is loaded into the same :class:`DatasetSplit` by :mod:`fedhmc_datasets.user`.
+``fedhmc_datasets.scaling``. Data of your own (an ``.npz`` file, tensors or torch datasets)
+is loaded into the same ``DatasetSplit`` by ``fedhmc_datasets.user``.
 """
 
 from __future__ import annotations
@@ -53,7 +53,7 @@ class DatasetSplit:
     Attributes
     ----------
     name : str
-        Dataset name, one of :data:`DATASETS`, or for user data (:mod:`fedhmc_datasets.user`)
+        Dataset name, one of ``DATASETS``, or for user data (``fedhmc_datasets.user``)
         the path or name it was given.
     X_train, X_test : torch.Tensor
         float32 features, ``(n, ...)``: ``(n, F)`` for the named datasets (images flattened);
@@ -69,7 +69,7 @@ class DatasetSplit:
         ``X.reshape(n, *image_shape)`` gives the images; ``None`` for other data.
     client_train : torch.Tensor, optional
         int64 client id (``0 .. N - 1``) of each training row, when the user gave the split
-        (see :func:`fedhmc_datasets.partition.partition_given`); ``None`` otherwise.
+        (see ``fedhmc_datasets.partition.partition_given``); ``None`` otherwise.
     source : dict, optional
         Where the data came from, e.g. ``{"kind": "npz", "path": ..., "sha256": ...}`` or
         ``{"kind": "in-memory tensors"}``; ``None`` for the named datasets.
@@ -93,7 +93,7 @@ class DatasetSplit:
 
     @property
     def num_features(self) -> int:
-        """Number of features F: the product of :attr:`feature_shape`."""
+        """Number of features F: the product of ``feature_shape``."""
         return int(math.prod(self.feature_shape))
 
     def __repr__(self) -> str:

@@ -1,22 +1,22 @@
 """Data of your own: an ``.npz`` file, arrays or tensors, or torch datasets.
 
-Each loader returns the same :class:`~fedhmc_datasets.registry.DatasetSplit` as
-:func:`~fedhmc_datasets.registry.load_dataset`, after the same checks:
+Each loader returns the same ``DatasetSplit`` as
+``load_dataset``, after the same checks:
 
-* :func:`load_npz`: a NumPy ``.npz`` holding ``x_train``, ``y_train``, ``x_test``, ``y_test`` and
+* ``load_npz``: a NumPy ``.npz`` holding ``x_train``, ``y_train``, ``x_test``, ``y_test`` and
   optionally ``client_train`` (one client id per training row: a split of your own).
-* :func:`from_tensors`: the same arrays as torch tensors or NumPy arrays.
-* :func:`from_datasets`: map-style :class:`torch.utils.data.Dataset` objects (``len`` and
+* ``from_tensors``: the same arrays as torch tensors or NumPy arrays.
+* ``from_datasets``: map-style ``torch.utils.data.Dataset`` objects (``len`` and
   ``ds[i] -> (x, y)``), e.g. a torchvision dataset with ``transform=ToTensor()``.
 
 Features of any shape ``(n, ...)`` keep that shape and become float32; labels become int64 in
 ``0 .. num_classes - 1`` (``num_classes`` defaults to the largest label + 1). Problems raise
-:class:`~fedhmc.errors.DataError` (bad data) or :class:`~fedhmc.errors.ConfigError` (bad
+``DataError`` (bad data) or ``ConfigError`` (bad
 option), each with a one-line message that names the array and the fix.
 
 ``scaling`` is ``"none"`` (default: features as given) or ``"standardize"`` (each feature
 centred and divided by its std, both from the training set; see
-:mod:`fedhmc_datasets.scaling`). ``"unit"`` and ``"symmetric"`` are refused: for the named
+``fedhmc_datasets.scaling``). ``"unit"`` and ``"symmetric"`` are refused: for the named
 datasets they divide pixels by a known maximum (255, or 16 for digits), which user data does
 not declare; scale such features yourself (e.g. ``x / 255``) before loading.
 """
@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import weakref
 import zipfile
 from pathlib import Path
 
@@ -43,13 +44,29 @@ USER_SCALINGS = ("none", "standardize")
 IN_MEMORY = "in-memory tensors"
 
 
+_DIGESTS: dict[tuple, str] = {}
+
+
+def _file_key(path: str | os.PathLike) -> tuple:
+    """What identifies a file's contents without reading them: path, size, modification."""
+    st = os.stat(path)
+    return (os.path.abspath(path), st.st_size, st.st_mtime_ns, st.st_ino)
+
+
 def sha256_of(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
-    """Return the SHA-256 hex digest of a file's bytes, read in chunks of ``chunk_size``."""
-    digest = hashlib.sha256()
-    with open(path, "rb") as fh:
-        while chunk := fh.read(chunk_size):
-            digest.update(chunk)
-    return digest.hexdigest()
+    """Return the SHA-256 hex digest of a file's bytes, read in chunks of ``chunk_size``.
+
+    Remembered per file (path, size, modification time): a run resolves its settings
+    several times, and a Flower client once per message, without reading the file again.
+    """
+    key = _file_key(path)
+    if key not in _DIGESTS:
+        digest = hashlib.sha256()
+        with open(path, "rb") as fh:
+            while chunk := fh.read(chunk_size):
+                digest.update(chunk)
+        _DIGESTS[key] = digest.hexdigest()
+    return _DIGESTS[key]
 
 
 # ---------------------------------------------------------------- checks
@@ -153,7 +170,7 @@ def _split(
     source: dict,
     what: str,
 ) -> DatasetSplit:
-    """Check the arrays and build the :class:`DatasetSplit`; ``what`` opens the description."""
+    """Check the arrays and build the ``DatasetSplit``; ``what`` opens the description."""
     scaling = _check_scaling(scaling)
     if num_classes is not None and (
         isinstance(num_classes, bool)
@@ -476,12 +493,19 @@ def from_datasets(
     )
 
 
-__all__ = ["from_datasets", "from_tensors", "load_npz", "sha256_of"]
+_CHECKSUMS: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 
 def data_checksum(data: DatasetSplit) -> str:
     """SHA-256 of a dataset's arrays (features, labels, client ids), to recognise the same
-    data given again in memory (a resumed run refuses other data)."""
+    data given again in memory (a resumed run refuses other data). Remembered per object:
+    a ``DatasetSplit`` is frozen."""
+    if data not in _CHECKSUMS:
+        _CHECKSUMS[data] = _arrays_checksum(data)
+    return _CHECKSUMS[data]
+
+
+def _arrays_checksum(data: DatasetSplit) -> str:
     h = hashlib.sha256()
     for t in (data.X_train, data.y_train, data.X_test, data.y_test, data.client_train):
         if t is None:
@@ -493,9 +517,19 @@ def data_checksum(data: DatasetSplit) -> str:
     return h.hexdigest()
 
 
+_CLIENT_COUNTS: dict[tuple, int | None] = {}
+
+
 def npz_client_count(path: str | os.PathLike) -> int | None:
     """The number of clients of an ``.npz`` file's ``client_train`` (None without one),
-    reading that array alone."""
+    reading that array alone, once per file (as ``sha256_of``)."""
+    key = _file_key(path)
+    if key not in _CLIENT_COUNTS:
+        _CLIENT_COUNTS[key] = _read_client_count(path)
+    return _CLIENT_COUNTS[key]
+
+
+def _read_client_count(path: str | os.PathLike) -> int | None:
     try:
         with np.load(path, allow_pickle=False) as f:
             if "client_train" not in f.files:
@@ -524,7 +558,7 @@ def rescale(data: DatasetSplit, scaling: str) -> DatasetSplit:
 
 
 def save_npz(data: DatasetSplit, path: str | os.PathLike) -> Path:
-    """Write ``data`` as an ``.npz`` that :func:`load_npz` (and ``--dataset PATH.npz``) reads:
+    """Write ``data`` as an ``.npz`` that ``load_npz`` (and ``--dataset PATH.npz``) reads:
     the way to take data built in Python to the command line or to Flower's clients."""
     arrays = {
         "x_train": data.X_train.numpy(),
@@ -538,3 +572,15 @@ def save_npz(data: DatasetSplit, path: str | os.PathLike) -> Path:
     with open(path, "wb") as f:
         np.savez(f, **arrays)
     return path
+
+
+__all__ = [
+    "data_checksum",
+    "from_datasets",
+    "from_tensors",
+    "load_npz",
+    "npz_client_count",
+    "rescale",
+    "save_npz",
+    "sha256_of",
+]

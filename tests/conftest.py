@@ -25,3 +25,20 @@ def _fresh_process_switches():
     yield
     set_quiet(False)
     set_default_threads(None)
+
+
+@pytest.fixture
+def cli(capsys):
+    """``fedhmc`` in this process: ``cli(*argv) -> (exit status, stdout, stderr)``."""
+    from fedhmc.cli.main import main
+
+    def call(*argv):
+        capsys.readouterr()
+        try:
+            code = main([str(a) for a in argv])
+        except SystemExit as e:
+            code = e.code
+        got = capsys.readouterr()
+        return code, got.out, got.err
+
+    return call

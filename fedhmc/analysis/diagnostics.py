@@ -218,7 +218,7 @@ ESS_PER_CHAIN_WARN = 100
 
 
 def warning(diag: dict) -> str | None:
-    """The one-line convergence warning for :func:`summarize`'s result, or None."""
+    """The one-line convergence warning for ``summarize``'s result, or None."""
     m = int(diag.get("chains", 0))
     if m < 2:
         return None

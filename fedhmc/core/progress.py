@@ -35,7 +35,7 @@ def _duration(seconds: float) -> str:
 
 class PlainProgress:
     """Progress for logs and batch jobs: a plain line on standard error every
-    :data:`PLAIN_INTERVAL` seconds (from a timer, so also while one long item runs) saying
+    ``PLAIN_INTERVAL`` seconds (from a timer, so also while one long item runs) saying
     what is done, the time elapsed and an estimate of the time left; the same methods as
     the tqdm bar that terminals get."""
 
@@ -111,7 +111,7 @@ def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
     """A progress bar over ``total`` items with an ETA; None when quiet.
 
     On a terminal it is a tqdm bar that does not stay on screen when done; elsewhere (a log
-    file, a batch job) a :class:`PlainProgress` that writes a line every 30 s.
+    file, a batch job) a ``PlainProgress`` that writes a line every 30 s.
     """
     if _quiet:
         return None

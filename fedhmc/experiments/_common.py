@@ -51,7 +51,7 @@ def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = Tru
 
 
 def _cell_rows(out_dir: Path, base: dict, cell: dict) -> list[dict]:
-    """One cell of :func:`run_cells`: its rows, run (or resumed) or read back when done."""
+    """One cell of ``run_cells``: its rows, run (or resumed) or read back when done."""
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.engine import run
 

@@ -3,7 +3,7 @@
 The layout of the FA-LD authors' experiment code: two 5×5 convolutions with ReLU and 2×2
 max-pooling (6 and 16 channels), then fully connected layers of 120 and 84 units and the
 class layer. It is an ordinary ``nn.Module`` sampled through the generic ``torch.func``
-path (:class:`fedhmc.models.module.TorchModel`); it takes images (B, C, H, W) or the same
+path (``fedhmc.models.module.TorchModel``); it takes images (B, C, H, W) or the same
 images flattened (B, C·H·W).
 """
 

@@ -9,14 +9,14 @@ module, ``vmap`` maps the forward pass over every (chain, client) row in one bat
 computation, and one reverse pass (a vector-Jacobian product) gives every row's gradient.
 
 Where the batched computation is slower than a loop over rows (grouped convolutions on a
-CPU), :class:`TorchModel` evaluates row by row instead; ``batching`` says which, and
+CPU), ``TorchModel`` evaluates row by row instead; ``batching`` says which, and
 ``"auto"`` chooses by a fixed rule (not by timing, so that a seed always gives the same
 chain): one batched call, except for modules with convolutions on a CPU. Both give the same
 numbers up to float rounding.
 
 The module is evaluated in eval mode. It must not change its buffers in the forward pass
 (batch norm in training mode does) and must be deterministic given θ (dropout in training
-mode is not); :class:`TorchModel` checks both on the first examples and refuses the module
+mode is not); ``TorchModel`` checks both on the first examples and refuses the module
 with one line otherwise.
 """
 
@@ -34,11 +34,7 @@ from torch.func import functional_call, vmap
 
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
-
-BATCHINGS = ("auto", "vmap", "loop")
-"""How a :class:`TorchModel` evaluates its rows: ``vmap`` (one batched computation),
-``loop`` (one row at a time) or ``auto`` (``loop`` for convolutions on a CPU with large
-inputs per row, else ``vmap``)."""
+from fedhmc.models import BATCHINGS
 
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
@@ -146,7 +142,7 @@ def parse_model_args(text: str | dict | None) -> dict:
 
 
 def format_model_args(kwargs: dict) -> str:
-    """The inverse of :func:`parse_model_args` (for ``config.json`` and Flower)."""
+    """The inverse of ``parse_model_args`` (for ``config.json`` and Flower)."""
     return ";".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items())
 
 
@@ -168,7 +164,7 @@ class TorchModel:
     kwargs
         Keyword arguments of ``factory``.
     batching
-        One of :data:`BATCHINGS`.
+        One of ``BATCHINGS``.
     dtype, device
         Where the module's buffers live (its parameters are replaced by θ in every call).
     name
@@ -313,20 +309,18 @@ class TorchModel:
         for seed in seeds:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
-                if isinstance(self._factory, torch.nn.Module):
-                    module = self._build()
+                module = self._build()
+                if isinstance(self._factory, torch.nn.Module):  # a copy: draw afresh
                     for m in module.modules():
                         if hasattr(m, "reset_parameters"):
                             m.reset_parameters()
-                else:
-                    module = self._build()
             params = dict(module.named_parameters())
             rows.append(self.flatten(params).detach().to(torch.float64))
         return torch.stack(rows)
 
     def init(self, kind: str, keys: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
         """θ (S, D) at round 0 for the run seed's initialisation ``keys`` (S,): ``auto`` and
-        ``module`` are the module's own initialisation (:meth:`module_init`, seeded by
+        ``module`` are the module's own initialisation (``module_init``, seeded by
         each key), except that ``auto`` starts every chain at the weights of a module given
         as an instance; ``zeros`` and ``normal`` (N(0, I)) as for every model."""
         if kind == "auto" and isinstance(self._factory, torch.nn.Module):

@@ -49,8 +49,8 @@ class Model(Protocol):
     """A classifier whose parameters are a flat vector θ (D,), batched over rows.
 
     A row is one (chain, client) pair. The built-in fast paths
-    (:class:`~fedhmc.models.nets.LogisticRegression`, :class:`~fedhmc.models.nets.MLP`) and
-    :class:`~fedhmc.models.module.TorchModel` (any ``torch.nn.Module``) all satisfy it.
+    (``LogisticRegression``, ``MLP``) and
+    ``TorchModel`` (any ``torch.nn.Module``) all satisfy it.
     """
 
     dim: int

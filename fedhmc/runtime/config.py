@@ -1,12 +1,12 @@
 """The one definition of every run setting.
 
-:class:`RunConfig` is a frozen dataclass. Each field's metadata carries its help text; the
+``RunConfig`` is a frozen dataclass. Each field's metadata carries its help text; the
 command line (``fedhmc run --local-steps 50``) and Flower's run config
 (``flwr run . --run-config "local-steps=50"``) both use the field name in kebab-case, and
-both are parsed by :meth:`RunConfig.from_mapping`, so a setting is defined once.
+both are parsed by ``RunConfig.from_mapping``, so a setting is defined once.
 
-Fields left at ``None`` take the dataset's default in :meth:`RunConfig.resolve` (see
-:mod:`fedhmc.runtime.presets`); ``config.json`` always holds the resolved values.
+Fields left at ``None`` take the dataset's default in ``RunConfig.resolve`` (see
+``fedhmc.runtime.presets``); ``config.json`` always holds the resolved values.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from fedhmc.errors import ConfigError
+from fedhmc.models import BATCHINGS
 
 ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld", "async-sghmc", "async-sgld")
 STALE_ALGORITHMS = ("sghmc", "sgld")
@@ -107,7 +108,7 @@ class RunConfig:
         "chain and client: vmap (one batched computation), loop (one at a time, for modules "
         "vmap cannot batch), or auto (loop for convolutions on a CPU with 100,000 input "
         "values or more per client minibatch, else vmap)",
-        choices=("auto", "vmap", "loop"),
+        choices=BATCHINGS,
     )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
     num_clients: int | None = _f(
@@ -315,7 +316,7 @@ class RunConfig:
 
     def to_dict(self) -> dict[str, typing.Any]:
         """The settings as JSON values: data given in memory is recorded as
-        :data:`IN_MEMORY`, a model given as a callable by its import spec (or a description
+        ``IN_MEMORY``, a model given as a callable by its import spec (or a description
         when it has none), so that ``config.json`` says truthfully what ran."""
         return {f.name: _record(f.name, getattr(self, f.name)) for f in fields(self)}
 
@@ -350,7 +351,7 @@ class RunConfig:
     # ------------------------------------------------------------- resolution
     def resolve(self) -> RunConfig:
         """Fill the dataset defaults and validate; returns a config with no ``None`` left
-        except ``data_dir`` and ``out``. Raises :class:`ConfigError` with a one-line message.
+        except ``data_dir`` and ``out``. Raises ``ConfigError`` with a one-line message.
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
@@ -523,7 +524,7 @@ class RunConfig:
         return self.replace(**changes)
 
     def validate(self) -> None:
-        """Check ranges; one-line :class:`ConfigError` naming the option and the fix."""
+        """Check ranges; one-line ``ConfigError`` naming the option and the fix."""
 
         def need(ok: bool, msg: str) -> None:
             if not ok:
@@ -639,7 +640,7 @@ class RunConfig:
             ("dtype", DTYPES),
             ("on_failure", ON_FAILURE),
             ("staleness_dist", STALENESS_DISTS),
-            ("model_batching", ("auto", "vmap", "loop")),
+            ("model_batching", BATCHINGS),
         ):
             v = getattr(self, name)
             need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
@@ -777,7 +778,7 @@ def _user_file(dataset) -> str | None:
 
 
 def _record(name: str, value):
-    """A setting's value as ``config.json`` records it (see :meth:`RunConfig.to_dict`)."""
+    """A setting's value as ``config.json`` records it (see ``RunConfig.to_dict``)."""
     if name == "dataset" and not isinstance(value, str):
         return IN_MEMORY
     if name == "model" and value is not None and not isinstance(value, str):

@@ -334,7 +334,7 @@ def _run_locked(
     cfg, resumed, evaluator, theta0, round_fn, dim, num_clients, description, backend,
     progress, on_round, summary_extra, backend_state,
 ) -> RunResult:  # fmt: skip
-    """:func:`run_loop`'s body, run while the folder's lock is held (``resumed``: the
+    """``run_loop``'s body, run while the folder's lock is held (``resumed``: the
     checkpoint a resumed run continues from, or None)."""
     from fedhmc.runtime import checkpoint
 

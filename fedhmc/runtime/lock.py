@@ -30,7 +30,7 @@ def _alive(pid: int) -> bool:
 
 
 class FolderLock:
-    """An exclusive lock on ``folder`` (its ``.lock`` file), held until :meth:`release`.
+    """An exclusive lock on ``folder`` (its ``.lock`` file), held until ``release``.
 
     Parameters
     ----------

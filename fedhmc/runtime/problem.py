@@ -137,13 +137,7 @@ def _load(cfg: RunConfig):
     if cfg.user_data_file is not None:
         from fedhmc_datasets.user import load_npz
 
-        data = load_npz(cfg.user_data_file, scaling=cfg.scaling)
-        if cfg.data_sha256 and data.source and data.source.get("sha256") != cfg.data_sha256:
-            raise ConfigError(
-                f"{cfg.user_data_file} is not the run's data (its SHA-256 differs from "
-                "config.json's data-sha256); give every client the same file"
-            )
-        return data
+        return load_npz(cfg.user_data_file, scaling=cfg.scaling)  # checked by cfg.resolve()
     kwargs = {}
     if cfg.dim is not None:
         kwargs["dim"] = cfg.dim
@@ -290,7 +284,7 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     (a module's factory called again under each chain's seed; PyTorch's ``nn.Linear``
     initialisation for the built-in logistic and MLP); ``torch-linear``, that ``nn.Linear``
     initialisation U(−1/√fan_in, 1/√fan_in) of every weight and bias (built-in models);
-    ``auto`` (the default), what the model starts from (:meth:`init` of the model: zeros
+    ``auto`` (the default), what the model starts from (``init`` of the model: zeros
     for logistic regression, He-scaled weights for the MLP, whose zero start is a saddle,
     and the module's own initialisation for any other network).
     """
@@ -314,8 +308,8 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
     """The likelihood model of a resolved config on ``data`` (a DatasetSplit).
 
     ``logistic`` and ``mlp`` are the hand-differentiated fast paths of
-    :mod:`fedhmc.models.nets`; ``cnn`` and any ``PACKAGE.MODULE:FACTORY`` (or a callable
-    given in Python) go through the generic :class:`~fedhmc.models.module.TorchModel`.
+    ``fedhmc.models.nets``; ``cnn`` and any ``PACKAGE.MODULE:FACTORY`` (or a callable
+    given in Python) go through the generic ``TorchModel``.
     """
     name = cfg.model
     if name in ("logistic", "mlp"):

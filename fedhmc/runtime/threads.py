@@ -6,7 +6,7 @@ multiply-adds a round step) a second thread gains 4 % on an idle machine and los
 beside other busy processes, because each of the thousands of small ops waits for the
 scheduler. Where it is large (Fashion-MNIST, batch 1000, about 8·10⁷) a second thread gains
 1.8-1.9× idle and loses about 20 % under the same load. So ``auto`` uses one thread below
-:data:`AUTO_WORK` and every core above it.
+``AUTO_WORK`` and every core above it.
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ _default: int | str | None = None
 
 
 def set_default_threads(threads: int | str | None) -> None:
-    """What :func:`apply_threads` does when a run names no thread count: the command line
+    """What ``apply_threads`` does when a run names no thread count: the command line
     sets it once for every run it starts in its process (``--threads``)."""
     global _default
     _default = parse_threads(threads)
@@ -56,7 +56,7 @@ def set_default_threads(threads: int | str | None) -> None:
 
 def apply_threads(threads: int | str | None, work: int) -> int:
     """Set torch's intra-op threads; returns the count. ``None`` means the process default
-    (:func:`set_default_threads`), and with none set leaves torch's setting as it is."""
+    (``set_default_threads``), and with none set leaves torch's setting as it is."""
     import torch
 
     if threads is None:

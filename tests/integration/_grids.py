@@ -58,3 +58,26 @@ class LocalGrid(Grid):
         mid = str(uuid.uuid4())
         msg.metadata.__dict__["_message_id"] = mid
         return mid
+
+
+class InProcessGrid(LocalGrid):
+    """A Grid that delivers each pushed message to a ClientApp in this process, node by
+    node; ``pull_messages`` returns the replies (a ClientApp returning None: no reply)."""
+
+    def __init__(self, client_app, num_nodes: int, run_config: dict):
+        super().__init__(client_app, num_nodes, run_config)
+        self.sent: list[Message] = []
+        self.replies: dict[str, Message] = {}
+
+    def push_messages(self, messages):
+        ids = []
+        for msg in messages:
+            ids.append(self.stamp(msg))
+            self.sent.append(msg)
+            reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
+            if reply is not None:
+                self.replies[ids[-1]] = reply
+        return ids
+
+    def pull_messages(self, message_ids):
+        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]

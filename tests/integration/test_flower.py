@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import tomllib
 import torch
-from _grids import LocalGrid
+from _grids import InProcessGrid
 from fedhmc_clients.app import handle_train, make_client_app
 from fedhmc_clients.compute import COLOCATED_KEY
 from fedhmc_server.loop import serve
@@ -29,29 +29,6 @@ from fedhmc.runtime.problem import build_problem
 pytestmark = pytest.mark.slow  # Flower
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-class InProcessGrid(LocalGrid):
-    """A Grid that delivers each pushed message to a ClientApp in this process, node by
-    node; ``pull_messages`` returns the replies (a ClientApp returning None: no reply)."""
-
-    def __init__(self, client_app, num_nodes: int, run_config: dict):
-        super().__init__(client_app, num_nodes, run_config)
-        self.sent: list[Message] = []
-        self.replies: dict[str, Message] = {}
-
-    def push_messages(self, messages):
-        ids = []
-        for msg in messages:
-            ids.append(self.stamp(msg))
-            self.sent.append(msg)
-            reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
-            if reply is not None:
-                self.replies[ids[-1]] = reply
-        return ids
-
-    def pull_messages(self, message_ids):
-        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
 
 
 def small_cfg(tmp_path, name, **kw):

@@ -19,18 +19,29 @@ def _outputs(nb):
     return [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
 
 
-def test_tutorial_notebook_executes(tmp_path, monkeypatch):
+def _execute(name: str, tmp_path, monkeypatch, **env) -> str:
+    """Build notebook ``name`` of make_notebooks.py, run it with ``env`` set, check that no
+    cell failed, and return its text output."""
     sys.path.insert(0, str(ROOT / "notebooks"))
     try:
         import make_notebooks
     finally:
         sys.path.pop(0)
-    monkeypatch.setenv("FEDHMC_TUTORIAL_ROUNDS", "6")
-    monkeypatch.setenv("FEDHMC_TUTORIAL_OUT", str(tmp_path / "runs"))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    nb = make_notebooks.execute(make_notebooks.build(make_notebooks.TUTORIAL), tmp_path)
+    for key, value in {**env, "MPLBACKEND": "Agg"}.items():
+        monkeypatch.setenv(key, value)
+    nb = make_notebooks.execute(make_notebooks.build(getattr(make_notebooks, name)), tmp_path)
     assert not [o for o in _outputs(nb) if o.output_type == "error"]
-    text = "".join(o.get("text", "") for o in _outputs(nb))
+    return "".join(o.get("text", "") for o in _outputs(nb))
+
+
+def test_tutorial_notebook_executes(tmp_path, monkeypatch):
+    text = _execute(
+        "TUTORIAL",
+        tmp_path,
+        monkeypatch,
+        FEDHMC_TUTORIAL_ROUNDS="6",
+        FEDHMC_TUTORIAL_OUT=str(tmp_path / "runs"),
+    )
     assert "FA-LD (K = 1): accuracy" in text
     assert (tmp_path / "runs" / "fahmc" / "metrics.csv").exists()
 
@@ -71,18 +82,14 @@ def test_committed_reproduction_notebook_has_its_outputs():
 
 
 def test_own_model_notebook_executes(tmp_path, monkeypatch):
-    sys.path.insert(0, str(ROOT / "notebooks"))
-    try:
-        import make_notebooks
-    finally:
-        sys.path.pop(0)
-    monkeypatch.setenv("FEDHMC_OWN_MODEL_ROUNDS", "3")
-    monkeypatch.setenv("FEDHMC_OWN_MODEL_EPOCHS", "1")
-    monkeypatch.setenv("FEDHMC_OWN_MODEL_OUT", str(tmp_path / "runs"))
-    monkeypatch.setenv("MPLBACKEND", "Agg")
-    nb = make_notebooks.execute(make_notebooks.build(make_notebooks.OWN_MODEL), tmp_path)
-    assert not [o for o in _outputs(nb) if o.output_type == "error"]
-    text = "".join(o.get("text", "") for o in _outputs(nb))
+    text = _execute(
+        "OWN_MODEL",
+        tmp_path,
+        monkeypatch,
+        FEDHMC_OWN_MODEL_ROUNDS="3",
+        FEDHMC_OWN_MODEL_EPOCHS="1",
+        FEDHMC_OWN_MODEL_OUT=str(tmp_path / "runs"),
+    )
     assert "Adam MAP" in text
 
 

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from _grids import LocalGrid
+from _grids import InProcessGrid
 from fedhmc_clients.app import make_client_app
 from fedhmc_clients.compute import COLOCATED_KEY
 from fedhmc_server.loop import serve
@@ -84,7 +84,7 @@ def test_a_user_module_on_the_flower_apps_equals_the_engine(user_files, colocate
     engine = run(_cfg(user_files, "e"), progress=False)
     cfg = engine.config.replace(out=str(user_files / "f"), resume=False)
     app = make_client_app({COLOCATED_KEY: True} if colocated else None)
-    flower = serve(LocalGridInProcess(app, cfg.num_clients, cfg.to_run_config()), cfg)
+    flower = serve(InProcessGrid(app, cfg.num_clients, cfg.to_run_config()), cfg)
     assert engine.config.num_clients == 4 and engine.config.partition == "given"
     if colocated:  # one batch, as on the engine: the same numbers
         assert torch.equal(flower.theta_bar, engine.theta_bar)
@@ -103,26 +103,6 @@ def test_a_user_module_in_the_simulation_engine_equals_the_engine(user_files):
     assert torch.equal(flower.theta_bar, engine.theta_bar)
 
 
-class LocalGridInProcess(LocalGrid):
-    """Each pushed message delivered to a ClientApp in this process."""
-
-    def __init__(self, client_app, num_nodes, run_config):
-        super().__init__(client_app, num_nodes, run_config)
-        self.replies = {}
-
-    def push_messages(self, messages):
-        ids = []
-        for msg in messages:
-            ids.append(self.stamp(msg))
-            reply = self.client_app(msg, self.contexts[msg.metadata.dst_node_id])
-            if reply is not None:
-                self.replies[ids[-1]] = reply
-        return ids
-
-    def pull_messages(self, message_ids):
-        return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
-
-
 def test_a_client_with_other_data_than_the_server_refuses_the_round(user_files):
     from fedhmc.errors import FedHMCError
 
@@ -132,7 +112,7 @@ def test_a_client_with_other_data_than_the_server_refuses_the_round(user_files):
     np.savez(user_files / "other.npz", **arrays)
     cfg = _cfg(user_files, "f", max_failed_rounds=1).resolve()
     rc = {**cfg.to_run_config(), "dataset": str(user_files / "other.npz"), "data-sha256": ""}
-    grid = LocalGridInProcess(make_client_app(), cfg.num_clients, rc)
+    grid = InProcessGrid(make_client_app(), cfg.num_clients, rc)
     with pytest.raises(FedHMCError, match="differs from the server's") as e:
         serve(grid, cfg)
     assert "\n" not in str(e.value)

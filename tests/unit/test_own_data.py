@@ -11,18 +11,7 @@ import torch
 from torch import nn
 
 from fedhmc import RunConfig, from_tensors, run, save_npz
-from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
-
-
-def cli(capsys, *argv) -> tuple[int, str]:
-    """The command line in this process: (exit status, standard error)."""
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 def small_cnn():
@@ -67,7 +56,7 @@ def test_tensors_in_memory_run_on_their_own_split_and_are_recorded(tmp_path):
     assert res.final["accuracy"] > 0.34  # better than chance on these separable classes
 
 
-def test_resuming_in_memory_data_needs_the_same_data(tmp_path, capsys):
+def test_resuming_in_memory_data_needs_the_same_data(tmp_path, cli):
     a = _arrays()
     data = from_tensors(a["x_train"], a["y_train"], a["x_test"], a["y_test"], a["client_train"])
     first = run(_cfg(data, tmp_path / "r", rounds=2), progress=False)
@@ -77,7 +66,7 @@ def test_resuming_in_memory_data_needs_the_same_data(tmp_path, capsys):
     other = from_tensors(b["x_train"], b["y_train"], b["x_test"], b["y_test"], b["client_train"])
     with pytest.raises(ConfigError, match="data_sha256|SHA-256|data-sha256"):
         run(_cfg(other, tmp_path / "r", rounds=4, resume=True), progress=False)
-    code, err = cli(capsys, "run", "--resume", tmp_path / "r", "--rounds", "4")
+    code, _, err = cli("run", "--resume", tmp_path / "r", "--rounds", "4")
     assert code == 2 and "in memory" in err and err.count("\n") == 1
 
 
@@ -89,12 +78,12 @@ def test_in_memory_data_is_refused_by_the_flower_backend_in_one_line(tmp_path):
     assert "\n" not in str(e.value)
 
 
-def test_an_npz_on_the_command_line_keeps_its_split_and_image_shape(tmp_path, capsys):
+def test_an_npz_on_the_command_line_keeps_its_split_and_image_shape(tmp_path, cli):
     a = _arrays()
     np.savez(tmp_path / "d.npz", **a)
     out = tmp_path / "r"
-    code, err = cli(
-        capsys, "run", "--dataset", tmp_path / "d.npz", "--model", "cnn", "--rounds", "2",
+    code, _, err = cli(
+        "run", "--dataset", tmp_path / "d.npz", "--model", "cnn", "--rounds", "2",
         "--local-steps", "2", "--batch-size", "8", "--quiet", "--out", out,
     )  # fmt: skip
     assert code == 0, err
@@ -108,22 +97,22 @@ def test_an_npz_on_the_command_line_keeps_its_split_and_image_shape(tmp_path, ca
     assert summary["model_parameters"][0] == ["conv1.weight", [6, 1, 5, 5]]
     # A partitioner of the user's choice instead of the file's split
     out2 = tmp_path / "r2"
-    code, err = cli(
-        capsys, "run", "--dataset", tmp_path / "d.npz", "--partition", "iid", "--num-clients",
+    code, _, err = cli(
+        "run", "--dataset", tmp_path / "d.npz", "--partition", "iid", "--num-clients",
         "3", "--rounds", "1", "--local-steps", "1", "--quiet", "--out", out2,
     )  # fmt: skip
     assert code == 0, err
     assert json.loads((out2 / "config.json").read_text())["num_clients"] == 3
 
 
-def test_resume_refuses_a_changed_file(tmp_path, capsys):
+def test_resume_refuses_a_changed_file(tmp_path, cli):
     a = _arrays()
     path = tmp_path / "d.npz"
     np.savez(path, **a)
     run(_cfg(str(path), tmp_path / "r", rounds=2, model="logistic"), progress=False)
     a["y_test"] = a["y_test"][::-1].copy()
     np.savez(path, **a)
-    code, err = cli(capsys, "run", "--resume", tmp_path / "r", "--rounds", "3")
+    code, _, err = cli("run", "--resume", tmp_path / "r", "--rounds", "3")
     assert code == 2 and "SHA-256" in err and err.count("\n") == 1
 
 
@@ -157,7 +146,7 @@ def _bad(case: str, a: dict) -> dict:
         ("num-clients", "--num-clients"),
     ],
 )
-def test_bad_data_exits_2_in_one_line_and_writes_nothing(tmp_path, capsys, case, words):
+def test_bad_data_exits_2_in_one_line_and_writes_nothing(tmp_path, cli, case, words):
     a = _arrays()
     path = tmp_path / "d.npz"
     extra = []
@@ -169,7 +158,7 @@ def test_bad_data_exits_2_in_one_line_and_writes_nothing(tmp_path, capsys, case,
     if case != "nofile":
         np.savez(path, **_bad(case, a))
     out = tmp_path / "r"
-    code, err = cli(capsys, "run", "--dataset", path, "--rounds", "1", "--out", out, *extra)
+    code, _, err = cli("run", "--dataset", path, "--rounds", "1", "--out", out, *extra)
     assert code == 2, err
     assert words in err and err.count("\n") == 1, err
     assert not out.exists()
@@ -177,7 +166,9 @@ def test_bad_data_exits_2_in_one_line_and_writes_nothing(tmp_path, capsys, case,
 
 def test_labels_outside_the_declared_classes_are_refused():
     a = _arrays()
-    with pytest.raises(Exception, match="y_train|label") as e:
+    from fedhmc.errors import DataError
+
+    with pytest.raises(DataError, match="y_train|label") as e:
         from_tensors(a["x_train"], a["y_train"], a["x_test"], a["y_test"], num_classes=2)
     assert "\n" not in str(e.value)
 

@@ -5,18 +5,6 @@ from __future__ import annotations
 
 import pytest
 
-from fedhmc.cli.main import main
-
-
-def cli(capsys, *argv) -> tuple[int, str, str]:
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    got = capsys.readouterr()
-    return code, got.out, got.err
-
 
 @pytest.mark.parametrize(
     "argv, words",
@@ -30,53 +18,49 @@ def cli(capsys, *argv) -> tuple[int, str, str]:
         (["experiment", "fmnist-K", "--workers", "0"], "runs in one process"),
     ],
 )
-def test_refused_in_one_line_and_nothing_written(tmp_path, capsys, argv, words):
+def test_refused_in_one_line_and_nothing_written(tmp_path, cli, argv, words):
     out = tmp_path / "out"
-    code, _, err = cli(capsys, *argv, "--out", out)
+    code, _, err = cli(*argv, "--out", out)
     assert code == 2
     assert words in err and err.count("\n") == 1, err
     assert not out.exists()
 
 
-def test_resume_with_overwrite_is_refused(tmp_path, capsys):
+def test_resume_with_overwrite_is_refused(tmp_path, cli):
     out = tmp_path / "r"
-    assert (
-        cli(capsys, "run", "--rounds", "1", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
-    )
-    code, _, err = cli(capsys, "run", "--resume", out, "--overwrite")
+    assert cli("run", "--rounds", "1", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
+    code, _, err = cli("run", "--resume", out, "--overwrite")
     assert code == 2 and "pick one" in err
 
 
-def test_experiment_without_a_name_lists_them_on_stderr(capsys):
-    code, out, err = cli(capsys, "experiment")
+def test_experiment_without_a_name_lists_them_on_stderr(cli):
+    code, out, err = cli("experiment")
     assert code == 2 and out == ""
     assert err.startswith("usage: fedhmc experiment NAME") and "fmnist-cnn" in err
 
 
-def test_plot_drops_a_half_written_last_row_and_refuses_unknown_metrics(tmp_path, capsys):
+def test_plot_drops_a_half_written_last_row_and_refuses_unknown_metrics(tmp_path, cli):
     out = tmp_path / "r"
-    assert (
-        cli(capsys, "run", "--rounds", "3", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
-    )
+    assert cli("run", "--rounds", "3", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
     text = (out / "metrics.csv").read_text()
     (out / "metrics.csv").write_text(text + "4,4,0.5,0.3")  # killed mid-row
-    code, stdout, err = cli(capsys, "plot", out)
+    code, stdout, err = cli("plot", out)
     assert code == 0, err
     assert "dropped the last row" in err and err.count("\n") == 1
-    code, _, err = cli(capsys, "plot", out, "--kind", "rounds", "--metric", "nosuch")
+    code, _, err = cli("plot", out, "--kind", "rounds", "--metric", "nosuch")
     assert code == 2 and "no column 'nosuch' in the table" in err and "nll_mean" in err
 
 
-def test_a_resume_inside_the_burn_in_names_a_fix_that_is_accepted(tmp_path, capsys):
+def test_a_resume_inside_the_burn_in_names_a_fix_that_is_accepted(tmp_path, cli):
     out = tmp_path / "r"
     argv = ["run", "--rounds", "6", "--burn-in", "4", "--local-steps", "1", "--quiet"]
-    assert cli(capsys, *argv, "--out", out)[0] == 0
-    code, _, err = cli(capsys, "run", "--resume", out, "--rounds", "3")
+    assert cli(*argv, "--out", out)[0] == 0
+    code, _, err = cli("run", "--resume", out, "--rounds", "3")
     assert code == 2 and "give --rounds above 4" in err and "--burn-in below" not in err
-    assert cli(capsys, "run", "--resume", out, "--rounds", "8", "--quiet")[0] == 0
+    assert cli("run", "--resume", out, "--rounds", "8", "--quiet")[0] == 0
 
 
-def test_experiment_list_gives_every_preset_a_duration(capsys):
+def test_experiment_list_gives_every_preset_a_duration(cli):
     import inspect
 
     from fedhmc.experiments import DURATIONS, EXPERIMENTS
@@ -84,6 +68,6 @@ def test_experiment_list_gives_every_preset_a_duration(capsys):
     assert set(DURATIONS) == set(EXPERIMENTS)
     for name, (fn, _) in EXPERIMENTS.items():
         assert (DURATIONS[name][1] is not None) == ("full" in inspect.signature(fn).parameters)
-    code, out, _ = cli(capsys, "experiment", "--list")
+    code, out, _ = cli("experiment", "--list")
     assert code == 0 and "fmnist-cnn" in out
     assert all("[default: " in line for line in out.splitlines())

@@ -13,18 +13,8 @@ import time
 
 import pytest
 
-from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.lock import FolderLock
-
-
-def cli(capsys, *argv) -> tuple[int, str]:
-    capsys.readouterr()
-    try:
-        code = main([str(a) for a in argv])
-    except SystemExit as e:
-        code = e.code
-    return code, capsys.readouterr().err
 
 
 def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
@@ -35,21 +25,23 @@ def test_a_second_lock_is_refused_naming_the_holder(tmp_path):
     assert not (tmp_path / "d" / ".lock").exists()  # released: the file goes
 
 
-def test_a_refused_run_leaves_no_lock_and_no_folder(tmp_path, capsys):
+def test_a_refused_run_leaves_no_lock_and_no_folder(tmp_path, cli):
     out = tmp_path / "r"
-    assert (
-        cli(capsys, "run", "--rounds", "2", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
-    )
-    code, err = cli(capsys, "run", "--rounds", "2", "--out", out)
+    assert cli("run", "--rounds", "2", "--local-steps", "1", "--quiet", "--out", out)[0] == 0
+    code, _, err = cli("run", "--rounds", "2", "--out", out)
     assert code == 2 and "already holds a run" in err
     assert not (out / ".lock").exists()
+    # Refused once the lock is taken (no checkpoint to resume): the folder it made goes too.
+    from fedhmc import RunConfig, run
+
     fresh = tmp_path / "nothing" / "here"
-    code, err = cli(capsys, "run", "--rounds", "2", "--out", fresh, "--resume-from-nowhere")
-    assert code == 2 and not fresh.exists()
+    with pytest.raises(ConfigError, match="cannot resume"):
+        run(RunConfig(rounds=2, out=str(fresh), resume=True), progress=False)
+    assert not fresh.exists()
 
 
 @pytest.mark.slow
-def test_a_live_run_is_refused_then_taken_over_after_kill_9(tmp_path, capsys):
+def test_a_live_run_is_refused_then_taken_over_after_kill_9(tmp_path, cli):
     out = tmp_path / "r"
     first = subprocess.Popen(
         [sys.executable, "-m", "fedhmc", "run", "--rounds", "100000", "--local-steps", "1",
@@ -65,7 +57,7 @@ def test_a_live_run_is_refused_then_taken_over_after_kill_9(tmp_path, capsys):
             assert first.poll() is None
             time.sleep(0.2)
         for extra in (["--resume", out], ["--overwrite", "--out", out], ["--out", out]):
-            code, err = cli(capsys, "run", "--rounds", "100000", *extra)
+            code, _, err = cli("run", "--rounds", "100000", *extra)
             assert code == 2, err
             assert f"in use by process {first.pid}" in err and "--resume" not in err, err
         time.sleep(1.0)
@@ -76,7 +68,7 @@ def test_a_live_run_is_refused_then_taken_over_after_kill_9(tmp_path, capsys):
     assert summary["status"] == "running" and summary["rounds_completed"] >= 5
     # The summary follows each checkpoint (every 5 rounds): the kill may fall between the two.
     reached = summary["rounds_completed"]
-    code, err = cli(capsys, "run", "--resume", out, "--rounds", reached + 10, "--quiet")
+    code, _, err = cli("run", "--resume", out, "--rounds", reached + 10, "--quiet")
     assert code == 0, err
     assert f"left locked by process {first.pid}" in err
     done = json.loads((out / "summary.json").read_text())
