@@ -34,6 +34,8 @@ from pathlib import Path
 import torch
 from torch import nn
 
+from fedhmc.algorithms import fahmc
+
 # ---------------------------------------------------------------------------------------
 # The modules a user would write (importable, so that --model can name them).
 
@@ -179,7 +181,6 @@ def bench_generic(
     device: torch.device,
 ) -> dict:
     """Evaluations per second of the built-in model and its ``nn.Module`` twins."""
-    from fedhmc.algorithms.fahmc import SamplerSettings
     from fedhmc.models.module import format_model_args
     from fedhmc.runtime.problem import build_problem, initial_position
     from fedhmc.runtime.threads import auto_threads, gradient_work
@@ -188,7 +189,7 @@ def bench_generic(
     prob_h = build_problem(cfg_h, device)
     target_h = prob_h.target
     model_h = prob_h.model
-    settings = SamplerSettings(cfg_h.step_size, K, T, rho=1.0)
+    settings = fahmc.Settings(cfg_h.step_size, K, T, rho=1.0)
     sync = _sync_fn(device)
     fns = {
         "hand-written": _engine(
@@ -302,7 +303,6 @@ def bench_cnn(
 ) -> dict:
     """Evaluations per second of LeNet-5 sampled by fedhmc (vmap, loop) and by hand."""
     from benchmarks.suite import _interleaved, _posteriors_fn
-    from fedhmc.algorithms.fahmc import SamplerSettings
     from fedhmc.runtime.problem import build_problem, initial_position
     from fedhmc.runtime.threads import auto_threads, gradient_work
 
@@ -311,7 +311,7 @@ def bench_cnn(
     target, model = problem.target, problem.model
     auto = model.batching
     theta0 = initial_position(model, target.dim, cfg, device)
-    settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
+    settings = fahmc.Settings(cfg.step_size, K, T, rho=1.0)
     sync = _sync_fn(device)
     steps = rounds * T * (K + 1)
     evals = steps * N

@@ -55,7 +55,8 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.algorithms import fahmc
+from fedhmc.algorithms.fahmc import run_round
 from fedhmc.core.progress import bar, set_quiet
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
@@ -162,7 +163,7 @@ def _nn_model(target) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def engine_fn(target, settings: SamplerSettings, rounds: int):
+def engine_fn(target, settings: fahmc.Settings, rounds: int):
     """The engine's ``rounds`` rounds from θ̄ = 0 on ``target``: what every engine timing runs."""
 
     def engine():
@@ -197,7 +198,7 @@ def bench_shape(
 
 def _bench_shape(shape, target, cfg, T, K, rounds, repeats, with_posteriors) -> dict:
     N, D = target.num_clients, target.dim
-    settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
+    settings = fahmc.Settings(cfg.step_size, K, T, rho=1.0)
     steps = rounds * T * (K + 1)
     evals = steps * N
     model = target.model

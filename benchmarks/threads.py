@@ -16,7 +16,7 @@ import time
 
 import torch
 
-from fedhmc.algorithms.fahmc import SamplerSettings
+from fedhmc.algorithms import fahmc
 from fedhmc.runtime.problem import build_problem
 
 
@@ -25,7 +25,7 @@ def _engine(shape, T: int, K: int, rounds: int):
 
     cfg = _config(shape)
     target = build_problem(cfg).target
-    settings = SamplerSettings(cfg.step_size, K, T, rho=1.0)
+    settings = fahmc.Settings(cfg.step_size, K, T, rho=1.0)
     evals = rounds * T * (K + 1) * target.num_clients
     return engine_fn(target, settings, rounds), evals, target
 

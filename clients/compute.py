@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import numpy as np
 from fedhmc_clients.task import (
-    anchor_step,
     async_gradient,
     client_config,
     colocated_target,
@@ -25,7 +24,7 @@ from fedhmc.runtime import wire
 KINDS = ("query", "train", "grad")
 COLOCATED_KEY = "simulation-colocated"
 """Run-config key that the Flower simulation sets: its clients share one process, so a
-round of ``train`` messages is computed in one batch (:func:`colocated_update`)."""
+round of ``train`` messages is computed in one batch (``colocated_update``)."""
 
 
 def identity(run_config: dict, node_config: dict):
@@ -52,39 +51,16 @@ def compute(
     if kind != "train":
         raise ValueError(f"unknown message kind {kind!r}; expected one of {KINDS}")
     wire.check_data(cfg, config)
-    theta_bar = arrays["theta"]
-    correction, local_grad = None, None
-    if config.get("algorithm") == "fahmc-debiased":
-        correction, local_grad = anchor_step(
-            cfg, pid, theta_bar, config, seed, arrays.get("anchor"), arrays.get("anchor-grad")
-        )
-    done = None
-    plain = config.get("algorithm", "fahmc") == "fahmc"  # debiased rounds: per client
-    if run_config.get(COLOCATED_KEY) and plain and seed is None:
-        done = colocated_update(
-            cfg, pid, theta_bar, config, arrays.get("momentum"), arrays.get("origin")
-        )
-    if done is None:
-        done = local_update(
-            cfg,
-            pid,
-            theta_bar,
-            config,
-            seed,
-            correction,
-            momentum=arrays.get("momentum"),
-            origin=arrays.get("origin"),
-        )
-    theta, n_c, energy, momentum, energy_error = done
-    out = {"theta": theta}
-    if momentum is not None:
-        out["momentum"] = momentum
-    if local_grad is not None:
-        out["grad"] = local_grad
+    reply = None
+    if run_config.get(COLOCATED_KEY) and seed is None:
+        reply = colocated_update(cfg, pid, config, arrays)
+    if reply is None:
+        reply = local_update(cfg, pid, config, arrays, seed)
+    out = {k: reply[k] for k in ("theta", "momentum", "grad") if reply[k] is not None}
     metrics = {
-        "num-examples": n_c,
+        "num-examples": reply["num-examples"],
         "partition-id": pid,
-        "energy": energy,
-        "energy-error": energy_error,
+        "energy": reply["energy"],
+        "energy-error": reply["energy-error"],
     }
     return out, metrics

@@ -1,16 +1,16 @@
 """The client's side of FA-HMC, free of Flower types: load a partition, run T iterations.
 
-A client loads its own partition once per process (cached), and each round runs T local
-FA-HMC iterations through :func:`fedhmc.algorithms.fahmc.client_update`, the same function the
-batched engine's numbers are tested against. It never sends its data or its private seed.
+A client loads its own partition once per process (cached), and each round runs its
+algorithm's ``client_update`` (``fedhmc.algorithms.fahmc`` or ``debiased``): the function
+the batched engine's ``step`` runs for all clients at once. It never sends its data or its private seed.
 """
 
 from __future__ import annotations
 
 import torch
 
-from fedhmc.algorithms.debiased import client_anchor_gradient
-from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed, run_clients
+from fedhmc.algorithms import debiased, fahmc
+from fedhmc.algorithms.fahmc import client_seed, client_seeds, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
@@ -62,17 +62,27 @@ def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = 
     return _TARGETS[key]
 
 
+def _reply(update, c: int, n_c: int) -> dict:
+    """Client ``c``'s reply from an update: positions, momentum and local gradient (S, D)
+    as numpy arrays, n_c, and the health numbers."""
+
+    def row(x):
+        return None if x is None else x[:, c].numpy()
+
+    return {
+        "theta": row(update.position),
+        "momentum": row(update.momentum),
+        "grad": row(update.local_grad),
+        "num-examples": n_c,
+        "energy": float(update.energy[:, c].max()),
+        "energy-error": float(update.energy_error[:, c].mean()),
+    }
+
+
 def local_update(
-    cfg: RunConfig,
-    partition_id: int,
-    theta_bar,
-    round_config: dict,
-    private_seed: int | None,
-    correction: torch.Tensor | None = None,
-    momentum=None,
-    origin=None,
-):
-    """One round of local FA-HMC from the broadcast θ̄ (S, D).
+    cfg: RunConfig, partition_id: int, config: dict, arrays: dict, private_seed: int | None
+) -> dict:
+    """One round of this client alone: the algorithm's ``client_update`` on its own data.
 
     Parameters
     ----------
@@ -80,102 +90,88 @@ def local_update(
         The client's resolved run config (data settings).
     partition_id
         This client's partition.
-    theta_bar
-        The broadcast positions as an array (S, D).
-    round_config
-        The round's ConfigRecord: ``round``, ``round-seed``, ``num-examples-total`` and the
-        sampler settings.
+    config, arrays
+        The round's message: its settings (round, round seed, n, the sampler settings) and
+        arrays (θ̄ (S, D) and what the round carries), as ``fedhmc.runtime.wire`` encodes
+        them.
     private_seed
         The client's own seed; by default derived from the run seed and the partition id,
         which reproduces the in-process engine.
-    correction
-        Debiased FA-HMC's control variate (S, D) from :func:`anchor_step`, or None.
-    momentum, origin
-        ``sync-unit = leapfrog``: the averaged momentum to continue a trajectory from, and
-        under restarts the outer iteration's origin, as arrays (S, D), or None.
 
     Returns
     -------
-    (theta, num_examples, energy, momentum, energy_error)
-        New positions (S, D) as a numpy array of the run's dtype, n_c, the energy, the
-        end momentum (S, D) under ``sync-unit = leapfrog`` (else None), and the mean |ΔH|
-        per leapfrog trajectory over the chains (the health check's input).
+    dict
+        The reply (``_reply``): new positions (S, D) of the run's dtype, the end momentum
+        under ``sync-unit = leapfrog`` and debiased FA-HMC's local gradient (else None), n_c,
+        the energy and the mean |ΔH| per leapfrog trajectory over the chains.
     """
     # Every sampler setting travels in the round's settings: the server is authoritative.
-    cfg = wire.apply_data(cfg, round_config)
-    target, n_c = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
-    s = wire.decode_sampler(round_config)
+    cfg = wire.apply_data(cfg, config)
+    target, n_c = partition_target(cfg, partition_id, int(config["num-examples-total"]))
+    settings = wire.decode_sampler(config)
+    message = wire.decode_message(config, arrays, torch_dtype(cfg))
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
-    dtype = torch_dtype(cfg)
-    theta_bar = torch.as_tensor(theta_bar).to(dtype)
-    round_ = int(round_config["round"])
-    theta, info = client_update(
-        target,
-        theta_bar,
-        int(round_config["round-seed"]),
-        seed,
-        round_,
-        s,
-        correction=correction,
-        momentum=None if momentum is None else torch.as_tensor(momentum).to(dtype),
-        origin=None if origin is None else torch.as_tensor(origin).to(dtype),
-    )
-    p = None if info.momentum is None else info.momentum.numpy()
-    de = float(info.energy_error.mean())
-    return theta.numpy(), n_c, float(info.energy.max()), p, de
+    seeds = torch.tensor([seed])
+    if isinstance(settings, debiased.Settings):
+        # This process's local gradient at the anchor, if it computed it last round.
+        base = (cfg, partition_id, seed, settings.anchor_batch_size)
+        cached, anchor_local = _ANCHOR_GRADS.get(base), None
+        if (
+            cached is not None
+            and message.anchor_position is not None
+            and cached[0] == message.anchor_round
+            and torch.equal(cached[1], message.anchor_position)
+        ):
+            anchor_local = cached[2]
+        update = debiased.client_update(
+            message, target, settings, seeds, anchor_local=anchor_local
+        )
+        _ANCHOR_GRADS[base] = (message.round, message.position, update.local_grad)
+    else:
+        update = fahmc.client_update(message, target, settings, seeds)
+    return _reply(update, 0, n_c)
 
 
 # A simulation's co-located clients: the last round computed for all of them at once.
 _COLOCATED: dict = {}
 
 
-def colocated_update(
-    cfg: RunConfig, partition_id: int, theta_bar, round_config: dict, momentum=None, origin=None
-):
-    """:func:`local_update` for a client of a Flower simulation, whose clients all live
-    in this process: the first message of a round runs every client's round in one batched
-    computation (:func:`fedhmc.algorithms.fahmc.run_clients`) and the round's other
-    messages take their own rows. Each client's numbers are those of :func:`local_update`
-    (the batched engine's); the messages, replies and failures stay per client. Returns
-    None where it does not apply (another round seed than the run's), and the caller
-    computes alone.
+def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: dict):
+    """``local_update`` for a client of a Flower simulation, whose clients all live in this
+    process: the first message of a round runs every client's ``client_update`` in one
+    batched computation and the round's other messages take their own rows. Each client's
+    numbers are those of ``local_update`` (the batched engine's); the messages, replies and
+    failures stay per client. Returns None where it does not apply (another round seed
+    than the run's, or debiased FA-HMC), and the caller computes alone.
     """
-    cfg = wire.apply_data(cfg, round_config)
-    round_ = int(round_config["round"])
-    if int(round_config["round-seed"]) != round_seed(cfg.seed, round_):
+    cfg = wire.apply_data(cfg, config)
+    round_ = int(config["round"])
+    settings = wire.decode_sampler(config)
+    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or not type(settings) is (
+        fahmc.Settings
+    ):
         return None
-    num_total = int(round_config["num-examples-total"])
-    dtype = torch_dtype(cfg)
-    theta_bar = torch.as_tensor(theta_bar).to(dtype)
-    momentum = None if momentum is None else torch.as_tensor(momentum).to(dtype)
-    origin = None if origin is None else torch.as_tensor(origin).to(dtype)
+    num_total = int(config["num-examples-total"])
+    message = wire.decode_message(config, arrays, torch_dtype(cfg))
     key = (
         _target_key(cfg, -1, num_total),
-        tuple(sorted((k, str(v)) for k, v in round_config.items())),
+        tuple(sorted((k, str(v)) for k, v in config.items())),
     )
+    sent = (message.position, message.momentum, message.origin)
     last = _COLOCATED.get("round")
     if not (
         last is not None
         and last[0] == key
-        and all(_same(a, b) for a, b in zip(last[1], (theta_bar, momentum, origin), strict=True))
+        and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
     ):
         target = colocated_target(cfg, num_total)
-        s = wire.decode_sampler(round_config)
-        theta, info = run_clients(
-            target, theta_bar, cfg.seed, round_, s, momentum=momentum, origin=origin
-        )
-        last = (key, (theta_bar, momentum, origin), theta, info, getattr(target, "counts", None))
+        seeds = client_seeds(cfg.seed, target.num_clients)
+        update = fahmc.client_update(message, target, settings, seeds)
+        last = (key, sent, update, getattr(target, "counts", None))
         _COLOCATED["round"] = last
-    _, _, theta, info, counts = last
+    _, _, update, counts = last
     c = partition_id
-    p = None if info.momentum is None else info.momentum[:, c].numpy()
-    return (
-        theta[:, c].numpy(),
-        int(counts[c]) if counts is not None else 1,
-        float(info.energy[:, c].max()),
-        p,
-        float(info.energy_error[:, c].mean()),
-    )
+    return _reply(update, c, int(counts[c]) if counts is not None else 1)
 
 
 def colocated_target(cfg: RunConfig, num_total: int | None = None):
@@ -196,45 +192,6 @@ def _same(a, b) -> bool:
     if a is None or b is None:
         return a is None and b is None
     return a.shape == b.shape and torch.equal(a, b)
-
-
-def anchor_step(
-    cfg: RunConfig,
-    partition_id: int,
-    theta_bar,
-    round_config: dict,
-    private_seed: int | None,
-    anchor=None,
-    anchor_grad=None,
-):
-    """Debiased FA-HMC's client side: (control variate or None, local gradient at θ̄).
-
-    ``anchor`` and ``anchor_grad`` are θ_a and ∇f(θ_a) (S, D) as sent from round 2 on;
-    ``round_config["anchor-round"]`` is the round in which θ_a was sent, whose anchor key
-    gives this client's ∇f^(c)(θ_a). The returned local gradient is ∇f^(c)(θ̄) under this
-    round's anchor key: the server averages it into the next round's ∇f(θ_a).
-    """
-    cfg = wire.apply_data(cfg, round_config, ("batch-size", "prior-std"))
-    target, _ = partition_target(cfg, partition_id, int(round_config["num-examples-total"]))
-    anchor_target = target.with_batch_size(int(round_config["anchor-batch-size"]))
-    seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
-    dtype = torch_dtype(cfg)
-    round_ = int(round_config["round"])
-    base = (cfg, partition_id, seed, int(round_config["anchor-batch-size"]))
-    correction = None
-    if anchor is not None:
-        a_round = int(round_config["anchor-round"])
-        theta_a = torch.as_tensor(anchor).to(dtype)
-        cached = _ANCHOR_GRADS.get(base)
-        if cached is not None and cached[0] == a_round and torch.equal(cached[1], theta_a):
-            local_a = cached[2]
-        else:
-            local_a = client_anchor_gradient(anchor_target, theta_a, seed, a_round)
-        correction = torch.as_tensor(anchor_grad).to(dtype) - local_a
-    theta_bar = torch.as_tensor(theta_bar).to(dtype)
-    local = client_anchor_gradient(anchor_target, theta_bar, seed, round_)
-    _ANCHOR_GRADS[base] = (round_, theta_bar, local)
-    return correction, local.numpy()
 
 
 def num_examples(cfg: RunConfig, partition_id: int) -> int:

@@ -31,11 +31,10 @@ from flwr.serverapp import Grid
 
 from fedhmc.algorithms.async_sgmcmc import (
     AsyncChain,
-    AsyncSettings,
+    Settings,
     pooled_histogram,
     staleness_rows,
 )
-from fedhmc.algorithms.stale import chain_keys
 from fedhmc.errors import ConfigError, FedHMCError
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
@@ -58,10 +57,9 @@ class AsyncServer:
         self.sizes = sizes
         self.dtype = torch_dtype(cfg)
         self.num_total = sum(n for _, n in sizes.values())
-        settings = AsyncSettings.from_config(cfg)
-        keys = chain_keys(cfg.seed, cfg.chains)
+        settings = Settings.from_config(cfg)
         self.chains = [
-            AsyncChain(theta0[s], settings, keys[s : s + 1], snapshot_every=cfg.local_steps)
+            AsyncChain(theta0[s], settings, cfg.seed, s, snapshot_every=cfg.local_steps)
             for s in range(cfg.chains)
         ]
         by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])

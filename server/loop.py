@@ -1,17 +1,17 @@
 """The FA-HMC server: broadcast θ̄, collect the clients' positions, average, evaluate.
 
-Each round it sends every client one message: θ̄ as an ArrayRecord and a ConfigRecord with
-the round, the round seed (from which every client derives the shared momentum ξ of its T
-iterations) and the sampler settings. Replies are validated
-(:func:`fedhmc.core.aggregate.validate_reply`) and averaged with weights n_c
-(:func:`fedhmc.core.aggregate.weighted_average`), renormalised over the clients that replied.
-The loop between rounds (sample collection, metrics, files) is the engine's own
-:func:`fedhmc.runtime.engine.run_loop`, so the output files are the same.
+Each round it asks the algorithm (``fahmc`` or ``debiased``) for the round's Broadcast,
+sends it to every client as one message (θ̄ and what the round carries as an ArrayRecord;
+the round, the round seed and the sampler settings as a ConfigRecord), validates the replies
+(``fedhmc.core.aggregate.validate_reply``), stacks them in partition order and hands them
+to the algorithm's ``server_update``, which averages with weights n_c renormalised over the
+clients that replied: the function the engine's ``step`` ends with. The loop between rounds
+(sample collection, metrics, files) is the engine's own ``run_loop``, so the output files
+are the same.
 """
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 import time
 from typing import TYPE_CHECKING
@@ -34,7 +34,7 @@ log = logging.getLogger("fedhmc.server")
 
 
 def round_config(cfg: RunConfig, round_: int, num_total: int) -> ConfigRecord:
-    """The round's ConfigRecord (:func:`fedhmc.runtime.wire.encode_round`)."""
+    """Round ``round_``'s settings as a ConfigRecord (``fedhmc.runtime.wire.encode_round``)."""
     from fedhmc.runtime import wire
 
     return ConfigRecord(wire.encode_round(cfg, round_, num_total))
@@ -67,9 +67,10 @@ def serve(
     # The heavy part, while the size query is in flight.
     import torch
 
-    from fedhmc.algorithms import fahmc
-    from fedhmc.core.aggregate import ReplyError, validate_reply, weighted_average
-    from fedhmc.runtime.engine import RoundStats, prepare, run_loop, sampler_settings
+    from fedhmc.algorithms.fahmc import ClientUpdate, stack_updates
+    from fedhmc.core.aggregate import ReplyError, validate_reply
+    from fedhmc.runtime import checkpoint, wire
+    from fedhmc.runtime.engine import RoundStats, algorithm_of, prepare, run_loop
     from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
     cfg = prepare(cfg)
@@ -77,7 +78,7 @@ def serve(
     exchange = started.exchange
     sizes = started.sizes()
     num_total = sum(n for _, n in sizes.values())
-    settings = sampler_settings(cfg)
+    algorithm, settings = algorithm_of(cfg)  # fahmc or debiased: the same interface
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
     failed_rounds = 0
@@ -85,9 +86,8 @@ def serve(
     keys = ("theta", "grad") if debiased else ("theta",)
     if settings.leapfrog_sync:
         keys = (*keys, "momentum")
-    anchor = None  # debiased: (round θ_a was sent, θ_a, ∇f(θ_a))
     theta0 = initial_position(model, dim, cfg)
-    carry = fahmc.init(theta0, settings)  # the momentum and origin between rounds
+    state = algorithm.init(theta0, settings)
     durations: list[float] = []  # of the complete rounds so far
 
     def straggler_deadline() -> float | None:
@@ -100,20 +100,11 @@ def serve(
         return max(cfg.straggler_floor, cfg.straggler_factor * median)
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal failed_rounds, anchor, carry
-        out = {"theta": Array(theta_bar.detach().cpu().numpy())}
-        carry = dataclasses.replace(carry, position=theta_bar, round=r - 1)
-        momentum, origin = carry.inputs(settings)
-        if momentum is not None:
-            out["momentum"] = Array(momentum.detach().cpu().numpy())
-        if origin is not None:
-            out["origin"] = Array(origin.detach().cpu().numpy())
-        config = round_config(cfg, r, num_total)
-        if anchor is not None:
-            out["anchor"] = Array(anchor[1].detach().cpu().numpy())
-            out["anchor-grad"] = Array(anchor[2].detach().cpu().numpy())
-            config["anchor-round"] = int(anchor[0])
-        arrays = ArrayRecord(out)
+        nonlocal failed_rounds, state
+        message = algorithm.broadcast(cfg.seed, state, settings)
+        values, tensors = wire.encode_message(cfg, message, num_total)
+        config = ConfigRecord(values)
+        arrays = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
         content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
         bytes_down = sum(_record_bytes(c) for c in content.values())
         t0 = time.monotonic()
@@ -141,9 +132,15 @@ def serve(
                 failed[nid] = f"rejected reply: {e}"
                 nonfinite += "non-finite" in str(e)
                 continue
-            accepted.append(
-                (pid, int(m["num-examples"]), got["theta"], got.get("grad"), got.get("momentum"))
+
+            def one(name):
+                x = got.get(name)
+                return None if x is None else torch.as_tensor(x).unsqueeze(1)
+
+            update = ClientUpdate(
+                one("theta"), momentum=one("momentum"), local_grad=one("grad")
             )
+            accepted.append((pid, int(m["num-examples"]), update))
             de = m.get("energy-error")
             if isinstance(de, (int, float)):
                 energy_errors.append((pid, float(de)))
@@ -177,31 +174,21 @@ def serve(
                     f"round {r}: no valid client reply in {failed_rounds} rounds; "
                     "see the log for each client's failure"
                 )
-            return theta_bar, stats
+            state = algorithm.skip(state, settings)
+            return state.position, stats
         accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
-        positions = torch.stack([torch.as_tensor(a[2]) for a in accepted], dim=1)
+        update = stack_updates([a[2] for a in accepted])
         weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64)
-        if debiased:
-            grads = torch.stack([torch.as_tensor(a[3]) for a in accepted], dim=1)
-            anchor = (r, theta_bar, weighted_average(grads, weights))
-        new_bar = weighted_average(positions, weights)
-        if settings.leapfrog_sync:
-            momenta = torch.stack([torch.as_tensor(a[4]) for a in accepted], dim=1)
-            carry = carry.advanced(settings, new_bar, weighted_average(momenta, weights))
-        return new_bar, stats
+        state, _ = algorithm.server_update(state, update, weights, settings)
+        return state.position, stats
 
     def get_state() -> dict:
-        a = None
-        if anchor is not None:
-            a = {"round": anchor[0], "theta": anchor[1].cpu(), "grad": anchor[2].cpu()}
-        return {"carry": carry.carry_dict(), "anchor": a, "failed_rounds": failed_rounds}
+        return {"state": checkpoint.state_dict(state), "failed_rounds": failed_rounds}
 
-    def set_state(state: dict) -> None:
-        nonlocal anchor, failed_rounds, carry
-        carry = carry.with_carry(state.get("carry") or {})
-        a = state.get("anchor")
-        anchor = None if a is None else (int(a["round"]), a["theta"], a["grad"])
-        failed_rounds = int(state.get("failed_rounds", 0))
+    def set_state(saved: dict) -> None:
+        nonlocal state, failed_rounds
+        state = checkpoint.state_from_dict(saved.get("state"), type(state))
+        failed_rounds = int(saved.get("failed_rounds", 0))
 
     return run_loop(
         cfg,

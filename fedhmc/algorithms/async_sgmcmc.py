@@ -12,7 +12,7 @@ and t ← t + 1. The gradient's staleness is the number of updates applied betwe
 worker was sent and this one, t_now − t_sent; a gradient staler than ``max_staleness`` is
 dropped, as in Chen et al.'s Algorithm 1 (``if τ_l ≤ τ``). ζ_t is the chain's counter-based
 noise of step t (the stream of :mod:`fedhmc.algorithms.stale`), so a chain whose gradients
-all arrive fresh is :func:`fedhmc.algorithms.stale.advance` with τ = 0, bit for bit.
+all arrive fresh is ``fedhmc.algorithms.stale``'s chain with τ = 0, bit for bit.
 
 This module is pure torch: no messages, no clocks. :class:`AsyncChain` is the state
 machine the Flower ServerApp (``fedhmc_server.async_loop``) drives, one per server.
@@ -25,14 +25,16 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedhmc.algorithms.stale import StaleSettings, euler_step
+from fedhmc.algorithms import stale
+from fedhmc.algorithms.oracles import Received
+from fedhmc.algorithms.stale import euler_step
 from fedhmc.core import gradients, rng
 from fedhmc.core.streams import STREAM_ASYNC_BATCH, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class AsyncSettings:
+class Settings:
     """Settings of an asynchronous chain.
 
     Attributes
@@ -40,7 +42,7 @@ class AsyncSettings:
     method
         ``"sghmc"`` or ``"sgld"``.
     step_size, friction, temperature
-        h, B (SGHMC) and T, validated as in :class:`fedhmc.algorithms.stale.StaleSettings`.
+        h, B (SGHMC) and T, validated as in :class:`fedhmc.algorithms.stale.stale.Settings`.
     max_staleness
         τ: a gradient with staleness > τ is dropped.
     """
@@ -52,16 +54,16 @@ class AsyncSettings:
     max_staleness: int = 10
 
     def __post_init__(self) -> None:
-        StaleSettings(
+        stale.Settings(
             self.method, self.step_size, self.friction, temperature=self.temperature
         )  # validates h, B, T with one-line messages
         if int(self.max_staleness) != self.max_staleness or self.max_staleness < 0:
             raise ConfigError(f"--max-staleness must be an integer ≥ 0, got {self.max_staleness}")
 
     @staticmethod
-    def from_config(cfg) -> AsyncSettings:
+    def from_config(cfg) -> Settings:
         """From a resolved :class:`~fedhmc.runtime.config.RunConfig` with an async algorithm."""
-        return AsyncSettings(
+        return Settings(
             method=cfg.algorithm.removeprefix("async-"),
             step_size=float(cfg.step_size),
             friction=float(cfg.friction),
@@ -91,17 +93,18 @@ class AsyncChain:
     theta
         θ_0, (D,).
     settings
-        The chain's :class:`AsyncSettings`.
-    key
-        The chain's key, a (1,) int64 tensor (e.g. one entry of
-        :func:`fedhmc.algorithms.stale.chain_keys`); the noise of step t is drawn from it and t.
+        The chain's :class:`Settings`.
+    seed, chain
+        The run seed and the chain's index: the noise of step t is drawn from the chain's
+        key (``stale.chain_keys(seed, S)[chain]``) and t.
     snapshot_every
         Keep a copy of θ each time t reaches a multiple of this (the run's rounds).
     """
 
     theta: torch.Tensor
-    settings: AsyncSettings
-    key: torch.Tensor
+    settings: Settings
+    seed: int
+    chain: int = 0
     snapshot_every: int = 0
     momentum: torch.Tensor | None = None
     t: int = 0
@@ -115,7 +118,6 @@ class AsyncChain:
         self.theta = self.theta.clone()
         if self.momentum is None:
             self.momentum = torch.zeros_like(self.theta)
-        self._noise_key = rng.derive(self.key.reshape(1), STREAM_STALE_NOISE)
 
     def worker(self, w) -> WorkerStats:
         if w not in self.workers:
@@ -143,13 +145,12 @@ class AsyncChain:
             stats.dropped += 1
             return False
         new, _ = step(
-            State(self.theta, self.momentum, self.t),
-            grad,
+            self.seed,
+            State(self.theta, self.momentum, self.t, self.chain),
+            Received(grad, sent_t),
             self.settings,
-            noise_key=self._noise_key,
-            sent_t=sent_t,
         )
-        self.theta, self.momentum, self.t = new.theta, new.momentum, new.t
+        self.theta, self.momentum, self.t = new.position, new.momentum, new.step
         stats.applied += 1
         if self.snapshot_every and self.t % self.snapshot_every == 0:
             self.snapshots[self.t // self.snapshot_every] = self.theta.clone()
@@ -184,54 +185,54 @@ class AsyncChain:
 
 @dataclass(frozen=True)
 class State:
-    """One asynchronous chain's position θ (D,), momentum q (D,) and timestamp t (the
-    number of updates applied)."""
+    """One asynchronous chain: position θ (D,), momentum q (D,), timestamp ``step`` (the
+    number of updates applied) and the chain's index among the run's chains."""
 
-    theta: torch.Tensor
+    position: torch.Tensor
     momentum: torch.Tensor
-    t: int = 0
+    step: int = 0
+    chain: int = 0
 
 
 @dataclass(frozen=True)
 class Info:
-    """What :func:`step` did with one arriving gradient: applied or dropped, and its
-    staleness t_now − t_sent."""
+    """What ``step`` did with one arriving gradient: applied or dropped, its staleness
+    t_now − t_sent, and the gradient evaluations it represents (1, or 0 if dropped)."""
 
     applied: bool
     staleness: int
 
+    @property
+    def grad_evals(self) -> int:
+        return int(self.applied)
 
-Settings = AsyncSettings
 
-
-def init(position: torch.Tensor, settings: AsyncSettings) -> State:
+def init(position: torch.Tensor, settings: Settings) -> State:
     """A chain at ``position`` (D,) with zero momentum and t = 0."""
     return State(position.clone(), torch.zeros_like(position), 0)
 
 
-def step(
-    state: State,
-    grad: torch.Tensor,
-    settings: AsyncSettings,
-    *,
-    noise_key: torch.Tensor,
-    sent_t: int,
-) -> tuple[State, Info]:
-    """Apply one arriving gradient ``grad`` (D,), computed at the θ of timestamp ``sent_t``.
+def step(key: int, state: State, target: Received, settings: Settings) -> tuple[State, Info]:
+    """Apply one arriving gradient: ``target`` is the worker's reply
+    (``oracles.Received(gradient, sent)``), computed at the θ of timestamp ``sent``.
 
     A gradient staler than ``settings.max_staleness`` is dropped (the state is returned
-    unchanged). ``noise_key`` is the chain's noise key, ``derive(key, STREAM_STALE_NOISE)``.
+    unchanged). ``key`` is the run seed: the noise of step t is the chain's stale-gradient
+    noise stream (``stale.chain_keys(key, …)[state.chain]``) at t.
     """
-    tau = state.t - sent_t
+    tau = state.step - target.sent
     if tau > settings.max_staleness:
         return state, Info(False, tau)
-    g = grad.to(state.theta.dtype)
-    g = gradients.tempered(g, settings.temperature)  # as fedhmc.algorithms.stale
-    zeta = rng.normal(noise_key, state.t, state.theta.shape[-1], state.theta.dtype)[0]
+    position = state.position
+    g, _ = target.grad(position.view(1, 1, -1), None, state.step, False)
+    g = gradients.tempered(g.view(position.shape), settings.temperature)  # as stale
+    chain_key = stale.chain_keys(key, torch.tensor([state.chain]))
+    noise_key = rng.derive(chain_key.reshape(1), STREAM_STALE_NOISE)
+    zeta = rng.normal(noise_key, state.step, position.shape[-1], position.dtype)[0]
     theta, momentum = euler_step(
-        settings.method, state.theta, state.momentum, g, zeta, settings.step_size, settings.friction
+        settings.method, position, state.momentum, g, zeta, settings.step_size, settings.friction
     )
-    return State(theta, momentum, state.t + 1), Info(True, tau)
+    return State(theta, momentum, state.step + 1, state.chain), Info(True, tau)
 
 
 def staleness_rows(chains: list[AsyncChain]) -> list[dict]:

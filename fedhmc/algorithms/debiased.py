@@ -1,154 +1,175 @@
 """Debiased FA-HMC (Algorithm B.2 of the FA-HMC paper): FA-HMC with a control variate.
 
 In round r the server sends the average position and, from round 2 on, the previous anchor
-θ_a = θ̄_{r−2} with the global gradient there, ∇f(θ_a) = Σ_c w_c ∇f^(c)(θ_a). Client c replaces
-every gradient g by g − ∇f^(c)(θ_a) + ∇f(θ_a), and replies with its new position and its local
-gradient at the position it was sent, from which the server forms the next round's ∇f(θ_a).
-Round 1 has no anchor yet and runs plain FA-HMC (the control variate is zero). This schedule
-needs no extra round trip.
+θ_a = θ̄ of round r − 2 with the global gradient there, ∇f(θ_a) = Σ_c w_c ∇f^(c)(θ_a). Client c
+replaces every gradient g by g − ∇f^(c)(θ_a) + ∇f(θ_a), and replies with its new position and
+its local gradient at the position it was sent, from which the server forms the next round's
+∇f(θ_a). Round 1 has no anchor yet and runs plain FA-HMC (the control variate is zero). This
+schedule needs no extra round trip.
 
 The local gradient at the position sent in round r is drawn under the client's round-r anchor
 key, so a client that is sent θ_a again in round r + 1 (a stateless client) recomputes exactly
-the value it returned.
+the value it returned. The server's state keeps the clients' local gradients at θ_a as their
+updates carried them, so that the batched engine's clients need not recompute them.
+
+The interface is FA-HMC's (``fedhmc.algorithms.fahmc``): ``init``, ``broadcast``,
+``client_update``, ``server_update`` and ``step``, with the same Broadcast, ClientUpdate and
+Info types.
 """
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms.fahmc import RoundInfo, SamplerSettings, chains_and_seeds, run_round
+from fedhmc.algorithms import fahmc
+from fedhmc.algorithms.fahmc import Broadcast, ClientUpdate, Info
 from fedhmc.core import rng
 from fedhmc.core.aggregate import weighted_average
 
+__all__ = [
+    "Broadcast",
+    "ClientUpdate",
+    "Info",
+    "Settings",
+    "State",
+    "anchor_gradient",
+    "broadcast",
+    "client_update",
+    "init",
+    "server_update",
+    "skip",
+    "step",
+]
+
+
+@dataclass(frozen=True)
+class Settings(fahmc.Settings):
+    """FA-HMC's settings and the minibatch size of the anchor gradients.
+
+    Attributes
+    ----------
+    anchor_batch_size
+        The minibatch of each client's local gradient at the anchor (0: its full local
+        data). No injected noise and no temperature: the control variate corrects ∇f itself.
+    """
+
+    anchor_batch_size: int = 0
+
 
 def anchor_keys(client_seeds: torch.Tensor, round_: int, chains: torch.Tensor) -> torch.Tensor:
-    """Keys (S, N) of the clients' gradients at the position sent in round ``round_``."""
+    """Keys (S, M) of the clients' gradients at the position sent in round ``round_``."""
     private = rng.derive(client_seeds.view(1, -1), round_, chains.view(-1, 1))
     return rng.derive(private, rng.STREAM_ANCHOR)
 
 
-def anchor_gradients(
-    anchor_target,
-    theta_bar: torch.Tensor,
-    seed: int,
-    round_: int,
-    chains: torch.Tensor | None = None,
-    client_ids: torch.Tensor | None = None,
+def anchor_gradient(
+    target, position: torch.Tensor, seeds: torch.Tensor, round_: int, settings: Settings
 ) -> torch.Tensor:
-    """Every client's local gradient ∇f^(c) at the broadcast θ̄ (S, D): (S, N, D).
-
-    ``anchor_target`` is the target at the anchor batch size
-    (``target.with_batch_size(b)``; 0 = the full local data). No injected noise, no
-    temperature: the control variate corrects ∇f itself.
-    """
-    S, D = theta_bar.shape
-    N = anchor_target.num_clients
-    chains, seeds = chains_and_seeds(seed, S, N, theta_bar.device, chains, client_ids)
-    keys = anchor_keys(seeds, round_, chains)
-    g, _ = anchor_target.grad(theta_bar.unsqueeze(1).expand(S, N, D).clone(), keys, 0, False)
+    """The local gradients ∇f^(c) (S, M, D) of the clients of ``target`` at the position
+    (S, D) sent in round ``round_``, at the anchor batch size."""
+    S, D = position.shape
+    M = target.num_clients
+    anchor_target = target.with_batch_size(settings.anchor_batch_size)
+    chains = torch.arange(S, device=position.device)
+    keys = anchor_keys(seeds.to(position.device), round_, chains)
+    g, _ = anchor_target.grad(position.unsqueeze(1).expand(S, M, D).clone(), keys, 0, False)
     return g
-
-
-def client_anchor_gradient(
-    anchor_target,
-    theta: torch.Tensor,
-    seed_of_client: int,
-    round_: int,
-    chains: torch.Tensor | None = None,
-) -> torch.Tensor:
-    """One client's local gradient (S, D) at the position sent in round ``round_``."""
-    if anchor_target.num_clients != 1:
-        raise ValueError("client_anchor_gradient takes a single client's target")
-    S, D = theta.shape
-    chains = torch.arange(S, device=theta.device) if chains is None else chains
-    seeds = torch.tensor([seed_of_client], device=theta.device)
-    keys = anchor_keys(seeds, round_, chains)
-    g, _ = anchor_target.grad(theta.unsqueeze(1).clone(), keys, 0, False)
-    return g[:, 0]
-
-
-@dataclass
-class Anchor:
-    """Debiased FA-HMC's state between rounds: the clients' control variates."""
-
-    correction: torch.Tensor
-    """(S, N, D): ∇f(θ_a) − ∇f^(c)(θ_a) for every chain and client."""
-
-
-def debiased_round(
-    target,
-    anchor_target,
-    theta_bar: torch.Tensor,
-    anchor: Anchor | None,
-    seed: int,
-    round_: int,
-    settings: SamplerSettings,
-) -> tuple[torch.Tensor, Anchor, RoundInfo]:
-    """One round of debiased FA-HMC in the batched engine.
-
-    Parameters
-    ----------
-    target, anchor_target
-        The target, and the same target at the anchor batch size.
-    theta_bar
-        The broadcast θ̄_{r−1}, (S, D).
-    anchor
-        The state from the previous round (None in round 1: no correction).
-
-    Returns
-    -------
-    (theta_bar, anchor, info)
-        θ̄_r, the state for round r + 1 (anchor θ̄_{r−1}), and the round's info; its
-        ``grad_evals`` counts the anchor gradient as one evaluation per client and chain.
-    """
-    local = anchor_gradients(anchor_target, theta_bar, seed, round_)
-    correction = None if anchor is None else anchor.correction
-    new_bar, info = run_round(target, theta_bar, seed, round_, settings, correction=correction)
-    glob = weighted_average(local, target.weights)
-    info.grad_evals += local.shape[0] * local.shape[1]
-    return new_bar, Anchor(glob.unsqueeze(1) - local), info
-
-
-# ------------------------------------------------------------------ the algorithm API
-Settings = SamplerSettings
-Info = RoundInfo
 
 
 @dataclass(frozen=True)
 class State:
-    """Debiased FA-HMC between rounds: θ̄ (S, D) after ``round`` rounds and the clients'
-    control variates (None before round 2)."""
+    """Debiased FA-HMC between rounds: θ̄ (S, D) after ``round`` rounds and, from round 2
+    on, the anchor: the round ``anchor_round`` in which θ_a was sent, θ_a (S, D), the
+    global gradient ∇f(θ_a) (S, D), and the clients' local gradients ∇f^(c)(θ_a)
+    (S, N, D) as their updates carried them."""
 
     position: torch.Tensor
     round: int = 0
-    anchor: Anchor | None = None
+    anchor_round: int | None = None
+    anchor_position: torch.Tensor | None = None
+    anchor_grad: torch.Tensor | None = None
+    anchor_local: torch.Tensor | None = None
 
 
-def init(position: torch.Tensor, settings: SamplerSettings) -> State:
+def init(position: torch.Tensor, settings: Settings) -> State:
     """The state before round 1: θ̄ = ``position`` (S, D), no anchor yet."""
-    return State(position, 0, None)
+    return State(position, 0)
 
 
-def step(
-    state: State,
-    target,
-    settings: SamplerSettings,
-    *,
-    seed: int,
-    anchor_target=None,
-) -> tuple[State, RoundInfo]:
-    """One round of debiased FA-HMC; ``anchor_target`` is the target at the anchor batch
-    size (default: ``target`` itself)."""
+def broadcast(key: int, state: State, settings: Settings) -> Broadcast:
+    """FA-HMC's message plus the anchor θ_a and ∇f(θ_a) from round 2 on."""
     r = state.round + 1
-    position, anchor, info = debiased_round(
-        target,
-        target if anchor_target is None else anchor_target,
-        state.position,
-        state.anchor,
-        seed,
-        r,
-        settings,
+    return Broadcast(
+        round=r,
+        round_seed=fahmc.round_seed(key, r),
+        position=state.position,
+        anchor_round=state.anchor_round,
+        anchor_position=state.anchor_position,
+        anchor_grad=state.anchor_grad,
     )
-    return State(position, r, anchor), info
+
+
+def client_update(
+    message: Broadcast,
+    target,
+    settings: Settings,
+    seeds: torch.Tensor,
+    *,
+    anchor_local: torch.Tensor | None = None,
+) -> ClientUpdate:
+    """The clients' round: FA-HMC with the control variate ∇f(θ_a) − ∇f^(c)(θ_a), and each
+    client's local gradient at the θ̄ it was sent (``local_grad``).
+
+    ``anchor_local`` is the clients' own ∇f^(c)(θ_a) (S, M, D) when they kept it from the
+    previous round; otherwise it is recomputed (the same value, under the anchor round's
+    key). Its evaluation is counted once per client and chain, as if kept.
+    """
+    correction = None
+    if message.anchor_position is not None:
+        if anchor_local is None:
+            anchor_local = anchor_gradient(
+                target, message.anchor_position, seeds, message.anchor_round, settings
+            )
+        correction = message.anchor_grad.unsqueeze(1) - anchor_local
+    local = anchor_gradient(target, message.position, seeds, message.round, settings)
+    update = fahmc.client_update(message, target, settings, seeds, correction=correction)
+    return dataclasses.replace(
+        update,
+        grad_evals=update.grad_evals + local.shape[0] * local.shape[1],
+        local_grad=local,
+    )
+
+
+def server_update(
+    state: State, update: ClientUpdate, weights: torch.Tensor, settings: Settings
+) -> tuple[State, Info]:
+    """FA-HMC's average; the θ̄ just sent becomes the anchor, with ∇f there the weighted
+    average of the clients' local gradients."""
+    plain = fahmc.State(state.position, state.round)
+    new, info = fahmc.server_update(plain, update, weights, settings)
+    return State(
+        new.position,
+        new.round,
+        anchor_round=new.round,
+        anchor_position=state.position,
+        anchor_grad=weighted_average(update.local_grad, weights),
+        anchor_local=update.local_grad,
+    ), info
+
+
+def skip(state: State, settings: Settings) -> State:
+    """A round in which no client's update arrived: θ̄ and the anchor stay, the round
+    counter moves on."""
+    return dataclasses.replace(state, round=state.round + 1)
+
+
+def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """One round of debiased FA-HMC, every client and chain batched (``key``: the run
+    seed)."""
+    message = broadcast(key, state, settings)
+    seeds = fahmc.client_seeds(key, target.num_clients, state.position.device)
+    update = client_update(message, target, settings, seeds, anchor_local=state.anchor_local)
+    return server_update(state, update, target.weights, settings)

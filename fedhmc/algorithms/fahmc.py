@@ -12,7 +12,7 @@ K = 1 is FA-LD (federated averaging Langevin dynamics with learning rate η²/2)
 The gradient oracle adds the injected noise N(0, σ_g² I) when σ_g > 0 and divides by the
 posterior temperature τ (the target is exp(−f/τ)).
 
-Randomness is counter-based and keyed (:mod:`fedhmc.core.rng`):
+Randomness is counter-based and keyed (``fedhmc.core.rng``):
 
 - the round seed, ``round_seed(seed, r)``, is what the server broadcasts; the shared
   momentum key of chain s is ``derive(round_seed, s)``;
@@ -20,12 +20,16 @@ Randomness is counter-based and keyed (:mod:`fedhmc.core.rng`):
   ``derive(client_seed, r, s)``, from which the momentum, minibatch and gradient-noise
   streams are folded out.
 
-So :func:`client_update`, which runs one client alone (what the Flower ClientApp calls),
-draws exactly the numbers :func:`run_round` draws for that client in the batched engine.
+A round is ``broadcast`` (the server's message), ``client_update`` (the clients' local
+iterations: all N batched in the engine, one alone in a Flower ClientApp) and
+``server_update`` (the average and what the next round carries); ``step`` composes the
+three. Since a client's numbers depend only on its own seed, the round seed and θ̄, one
+client alone draws exactly what it draws in the batched engine.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -63,7 +67,7 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class SamplerSettings:
+class Settings:
     """The tunable values of one FA-HMC round.
 
     Attributes
@@ -186,23 +190,6 @@ class SamplerSettings:
         return (round_ * T) % period == 0
 
 
-@dataclass
-class RoundInfo:
-    """Diagnostics of one round of local iterations."""
-
-    grad_evals: int
-    """Client-gradient evaluations, summed over clients and chains."""
-    energy: torch.Tensor
-    """(S, N): the minibatch energy estimate of each chain and client at its last position."""
-    momentum: torch.Tensor | None = None
-    """The momenta at the end of the round: (S, N, D) from :func:`local_iterations`, the
-    w-weighted average (S, D) from :func:`run_round`; None unless ``sync_unit="leapfrog"``."""
-    energy_error: torch.Tensor | None = None
-    """(S, N): the leapfrog's mean absolute energy error |ΔH| per trajectory this round,
-    estimated from the gradients the integrator evaluated anyway (:func:`energy_error_terms`);
-    a health check, exact for a Gaussian energy."""
-
-
 def energy_error_sign(k: int, steps: int, fresh: bool) -> int:
     """The sign of |g_k|² in the leapfrog's energy error over one trajectory piece.
 
@@ -229,24 +216,12 @@ def client_seed(seed: int, client: int) -> int:
     return rng.derive_int(seed, rng.STREAM_CLIENT, client)
 
 
-def chains_and_seeds(
-    seed: int,
-    S: int,
-    N: int,
-    device,
-    chains: torch.Tensor | None = None,
-    client_ids: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, torch.Tensor]:
-    """The chain indices (S,) and the private client seeds (N,) of a batched round.
-
-    ``chains`` and ``client_ids`` default to 0 … S−1 and 0 … N−1; client ``c``'s seed is
-    :func:`client_seed` of its id, so a subset of clients draws what they draw in the full
-    batch.
-    """
-    chains = torch.arange(S, device=device) if chains is None else chains
-    ids = torch.arange(N) if client_ids is None else client_ids
-    seeds = torch.tensor([client_seed(seed, int(c)) for c in ids], device=device)
-    return chains, seeds
+def client_seeds(seed: int, clients, device=None) -> torch.Tensor:
+    """The private seeds (N,) of clients ``clients`` (a count N: clients 0 … N−1, or their
+    ids): client c's is ``client_seed(seed, c)``, so a subset of clients draws what they
+    draw among all."""
+    ids = range(clients) if isinstance(clients, int) else [int(c) for c in clients]
+    return torch.tensor([client_seed(seed, c) for c in ids], dtype=torch.int64, device=device)
 
 
 def round_keys(
@@ -269,24 +244,24 @@ def local_iterations(
     theta: torch.Tensor,
     shared_keys: torch.Tensor,
     private_keys: torch.Tensor,
-    settings: SamplerSettings,
+    settings: Settings,
     correction: torch.Tensor | None = None,
     *,
     round_: int = 1,
     momentum: torch.Tensor | None = None,
     origin: torch.Tensor | None = None,
     reshuffle_keys: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, RoundInfo]:
+) -> ClientUpdate:
     """Run one round of local FA-HMC on every (chain, client) at once.
 
     Parameters
     ----------
     target
-        A target from :mod:`fedhmc.models.targets` with N clients.
+        A target from ``fedhmc.models.targets`` with N clients.
     theta
         Start positions, (S, N, D). Not modified.
     shared_keys, private_keys
-        From :func:`round_keys`: (S,) and (S, N).
+        From ``round_keys``: (S,) and (S, N).
     settings
         η, K, T, ρ, σ_g, τ and the protocol (sync unit, fresh gradients, restart).
     correction
@@ -298,17 +273,17 @@ def local_iterations(
         minibatch counter.
     momentum
         The averaged momentum to continue from, (S, N, D) or (S, 1, D), when the round
-        starts in the middle of a trajectory (:meth:`SamplerSettings.starts_mid_trajectory`).
+        starts in the middle of a trajectory (``Settings.starts_mid_trajectory``).
     origin
         Under ``restart``: the outer iteration's origin X₀, (S, N, D) or (S, 1, D).
     reshuffle_keys
-        :func:`data_keys` of the clients, when the target draws random-reshuffling
+        ``data_keys`` of the clients, when the target draws random-reshuffling
         minibatches.
 
     Returns
     -------
-    (theta, info)
-        End positions (S, N, D) and :class:`RoundInfo` (with the end momenta).
+    ClientUpdate
+        End positions (S, N, D), with the end momenta under ``sync_unit="leapfrog"``.
     """
     S, N, D = theta.shape
     eta = settings.step_size
@@ -369,173 +344,161 @@ def local_iterations(
         theta, p, _ = leapfrog(grad_fn, theta, p, eta, seg.steps, fresh=fresh)
         abs_dh.add_(dh.abs_(), alpha=eta * eta / 8.0)
         trajectories += seg.steps / settings.leapfrog_steps
-    info = RoundInfo(
-        total * S * N,
-        last_energy,
-        p if settings.leapfrog_sync else None,
-        abs_dh / max(trajectories, 1e-300),
-    )
-    return theta, info
-
-
-def _clients_round(
-    target, theta_bar, seed_of_round, seeds, chains, round_, settings, correction, momentum, origin
-):
-    """Every client's round from the broadcast (S, D) values: the one path of
-    :func:`run_round` (all clients) and :func:`client_update` (one client)."""
-    S, D = theta_bar.shape
-    shared, private = round_keys(seed_of_round, seeds, round_, chains)
-    return local_iterations(
-        target,
-        theta_bar.unsqueeze(1).expand(S, seeds.shape[0], D),
-        shared,
-        private,
-        settings,
-        correction,
-        round_=round_,
-        momentum=None if momentum is None else momentum.unsqueeze(1),
-        origin=None if origin is None else origin.unsqueeze(1),
-        reshuffle_keys=(
-            data_keys(seeds, chains)
-            if getattr(target, "minibatch", "uniform") == "reshuffle"
-            else None
-        ),
+    return ClientUpdate(
+        position=theta,
+        energy=last_energy,
+        energy_error=abs_dh / max(trajectories, 1e-300),
+        grad_evals=total * S * N,
+        momentum=p if settings.leapfrog_sync else None,
     )
 
 
-def run_clients(
-    target,
-    theta_bar: torch.Tensor,
-    seed: int,
-    round_: int,
-    settings: SamplerSettings,
-    chains: torch.Tensor | None = None,
-    client_ids: torch.Tensor | None = None,
-    correction: torch.Tensor | None = None,
-    momentum: torch.Tensor | None = None,
-    origin: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, RoundInfo]:
-    """Every client's own round from the broadcast θ̄, batched, before averaging.
-
-    The arguments are :func:`run_round`'s. Returns the clients' positions (S, N, D) and the
-    round's :class:`RoundInfo` with each client's end momentum (S, N, D) under
-    ``sync_unit="leapfrog"``: client c's slice is what :func:`client_update` gives it.
-    """
-    chains, seeds = chains_and_seeds(
-        seed, theta_bar.shape[0], target.num_clients, theta_bar.device, chains, client_ids
-    )
-    return _clients_round(
-        target,
-        theta_bar,
-        round_seed(seed, round_),
-        seeds,
-        chains,
-        round_,
-        settings,
-        correction,
-        momentum,
-        origin,
-    )
-
-
-def run_round(
-    target,
-    theta_bar: torch.Tensor,
-    seed: int,
-    round_: int,
-    settings: SamplerSettings,
-    chains: torch.Tensor | None = None,
-    client_ids: torch.Tensor | None = None,
-    correction: torch.Tensor | None = None,
-    momentum: torch.Tensor | None = None,
-    origin: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, RoundInfo]:
-    """One communication round of the batched engine: local iterations, then θ̄.
-
-    Parameters
-    ----------
-    theta_bar
-        Broadcast positions, (S, D).
-    seed, round_
-        Run seed and round number (1-based).
-    chains, client_ids
-        Chain and client indices used for key derivation (default 0 … S−1, 0 … N−1).
-    correction
-        Debiased FA-HMC's control variate, (S, N, D) (see :func:`local_iterations`).
-    momentum
-        ``sync_unit="leapfrog"``: the averaged momentum (S, D) of the previous round, when
-        this round continues a trajectory.
-    origin
-        Under ``restart``: the outer iteration's origin X₀, (S, D).
-
-    Returns
-    -------
-    (theta_bar, info)
-        The new average (S, D) and the round's :class:`RoundInfo`, whose ``momentum`` is
-        the averaged momentum (S, D) under ``sync_unit="leapfrog"``.
-    """
-    theta, info = run_clients(
-        target, theta_bar, seed, round_, settings, chains, client_ids, correction, momentum, origin
-    )
-    if info.momentum is not None:
-        info.momentum = weighted_average(info.momentum, target.weights)
-    return weighted_average(theta, target.weights), info
-
-
-def client_update(
-    target,
-    theta_bar: torch.Tensor,
-    seed_of_round: int,
-    seed_of_client: int,
-    round_: int,
-    settings: SamplerSettings,
-    chains: torch.Tensor | None = None,
-    correction: torch.Tensor | None = None,
-    momentum: torch.Tensor | None = None,
-    origin: torch.Tensor | None = None,
-) -> tuple[torch.Tensor, RoundInfo]:
-    """One round of one client alone: what a Flower client runs each round.
-
-    Parameters
-    ----------
-    target
-        The client's own target (one client; its weight w_c = n_c / n uses the global n).
-    theta_bar
-        The broadcast positions, (S, D).
-    seed_of_round
-        The round seed the server sent (:func:`round_seed`).
-    seed_of_client
-        The client's private seed (:func:`client_seed`).
-    round_
-        The round number.
-    correction
-        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a) of this client, (S, D).
-    momentum, origin
-        As in :func:`run_round`, (S, D) each.
-
-    Returns
-    -------
-    (theta, info)
-        The client's new positions (S, D), equal to the batched engine's to float tolerance;
-        ``info.momentum`` is the client's end momentum (S, D) under ``sync_unit="leapfrog"``.
-    """
-    if target.num_clients != 1:
-        raise ValueError("client_update takes a single client's target (target.client(c))")
-    S, D = theta_bar.shape
-    chains = torch.arange(S, device=theta_bar.device) if chains is None else chains
-    seeds = torch.tensor([seed_of_client], device=theta_bar.device)
-    corr = None if correction is None else correction.unsqueeze(1)
-    theta, info = _clients_round(
-        target, theta_bar, seed_of_round, seeds, chains, round_, settings, corr, momentum, origin
-    )
-    if info.momentum is not None:
-        info.momentum = info.momentum[:, 0]
-    return theta[:, 0], info
 
 
 # ------------------------------------------------------------------ the algorithm API
-Settings = SamplerSettings
-Info = RoundInfo
+#
+# One round is three functions, and every caller composes the same three:
+#
+#     message = broadcast(key, state, settings)                     the server
+#     update  = client_update(message, target, settings, seeds)     each client (or all)
+#     state, info = server_update(state, update, weights, settings) the server
+#
+# ``step`` is the three in a row with every client batched (the engine); the Flower
+# ServerApp calls ``broadcast`` and ``server_update`` around its messages, and each
+# ClientApp calls ``client_update`` on its own data.
+
+
+@dataclass(frozen=True)
+class Broadcast:
+    """What the server sends every client at the start of a round.
+
+    Attributes
+    ----------
+    round
+        The round number r (1-based).
+    round_seed
+        The seed of the round's shared momentum (``round_seed(key, r)``).
+    position
+        θ̄ (S, D).
+    momentum
+        ``sync_unit="leapfrog"``: the averaged momentum (S, D) when the round continues a
+        trajectory; else None.
+    origin
+        Under ``restart``: the outer iteration's origin X₀ (S, D); else None.
+    anchor_round, anchor_position, anchor_grad
+        Debiased FA-HMC from round 2 on: the round in which the anchor θ_a was sent, θ_a
+        (S, D) and the global gradient ∇f(θ_a) (S, D); None otherwise.
+    """
+
+    round: int
+    round_seed: int
+    position: torch.Tensor
+    momentum: torch.Tensor | None = None
+    origin: torch.Tensor | None = None
+    anchor_round: int | None = None
+    anchor_position: torch.Tensor | None = None
+    anchor_grad: torch.Tensor | None = None
+
+
+@dataclass(frozen=True)
+class ClientUpdate:
+    """The clients' side of a round: what each client replies, M clients stacked.
+
+    Attributes
+    ----------
+    position
+        The clients' new positions (S, M, D).
+    energy
+        The minibatch energy (S, M) of each chain and client at its last position, or None
+        where the reply does not carry it.
+    energy_error
+        The leapfrog's mean |ΔH| per trajectory (S, M) (a health check), or None.
+    grad_evals
+        Gradient evaluations, summed over the M clients and S chains.
+    momentum
+        ``sync_unit="leapfrog"``: each client's end momentum (S, M, D); else None.
+    local_grad
+        Debiased FA-HMC: each client's local gradient ∇f^(c) at the θ̄ it was sent
+        (S, M, D), from which the server forms the next round's ∇f(θ_a); else None.
+    """
+
+    position: torch.Tensor
+    energy: torch.Tensor | None = None
+    energy_error: torch.Tensor | None = None
+    grad_evals: int = 0
+    momentum: torch.Tensor | None = None
+    local_grad: torch.Tensor | None = None
+
+    def client(self, c: int) -> ClientUpdate:
+        """Client ``c``'s own update (M = 1), as it would compute it alone."""
+
+        def one(x):
+            return None if x is None else x[:, c : c + 1]
+
+        M = self.position.shape[1]
+        return ClientUpdate(
+            one(self.position),
+            one(self.energy),
+            one(self.energy_error),
+            self.grad_evals // max(M, 1),
+            one(self.momentum),
+            one(self.local_grad),
+        )
+
+
+def stack_updates(updates: list[ClientUpdate]) -> ClientUpdate:
+    """Single clients' updates (M = 1 each) stacked in the order given, as the batched
+    engine computes them together (the Flower ServerApp stacks its replies this way)."""
+
+    def cat(name):
+        xs = [getattr(u, name) for u in updates]
+        return None if any(x is None for x in xs) else torch.cat(xs, dim=1)
+
+    return ClientUpdate(
+        cat("position"),
+        cat("energy"),
+        cat("energy_error"),
+        sum(u.grad_evals for u in updates),
+        cat("momentum"),
+        cat("local_grad"),
+    )
+
+
+@dataclass(frozen=True)
+class Info:
+    """What one round did, as the server sees it.
+
+    Attributes
+    ----------
+    grad_evals
+        Client-gradient evaluations, summed over clients and chains.
+    clients
+        The clients whose updates entered the average.
+    energy
+        (S, M): the minibatch energy of each chain and client at its last position (None
+        where the clients did not send it).
+    energy_error
+        (S, M): the leapfrog's mean |ΔH| per trajectory, or None.
+    momentum
+        ``sync_unit="leapfrog"``: the w-weighted average of the clients' end momenta (S, D);
+        else None.
+    """
+
+    grad_evals: int
+    clients: int
+    energy: torch.Tensor | None = None
+    energy_error: torch.Tensor | None = None
+    momentum: torch.Tensor | None = None
+
+    @property
+    def finite(self) -> bool:
+        """Whether every reported energy is finite."""
+        return self.energy is None or bool(torch.isfinite(self.energy).all())
+
+    @property
+    def mean_energy_error(self) -> float | None:
+        """Mean |ΔH| per trajectory over chains and clients (None if not reported)."""
+        return None if self.energy_error is None else float(self.energy_error.mean())
 
 
 @dataclass(frozen=True)
@@ -553,69 +516,111 @@ class State:
     momentum: torch.Tensor | None = None
     origin: torch.Tensor | None = None
 
-    def inputs(self, settings: SamplerSettings) -> tuple[torch.Tensor | None, torch.Tensor | None]:
-        """(momentum or None, origin or None) that the next round needs."""
-        r = self.round + 1
-        momentum = self.momentum if settings.starts_mid_trajectory(r) else None
-        return momentum, (self.origin if settings.restart else None)
 
-    def advanced(
-        self, settings: SamplerSettings, position: torch.Tensor, momentum: torch.Tensor | None
-    ) -> State:
-        """The state after the next round, given its new θ̄ and averaged momentum: under
-        restarts θ̄ becomes the origin when the round ends an outer iteration."""
-        r = self.round + 1
-        origin = position if settings.restart and settings.ends_trajectory(r) else self.origin
-        return State(position, r, momentum, origin)
-
-    def carry_dict(self) -> dict:
-        """The state a checkpoint keeps besides θ̄ (CPU tensors or None)."""
-        return {
-            k: None if v is None else v.detach().cpu()
-            for k, v in (("momentum", self.momentum), ("origin", self.origin))
-        }
-
-    def with_carry(self, carry: dict, device="cpu") -> State:
-        """This state with the momentum and origin of a checkpoint's :meth:`carry_dict`."""
-        m, o = carry.get("momentum"), carry.get("origin")
-        return State(
-            self.position,
-            self.round,
-            None if m is None else m.to(device),
-            None if o is None else o.to(device),
-        )
-
-
-def init(position: torch.Tensor, settings: SamplerSettings) -> State:
+def init(position: torch.Tensor, settings: Settings) -> State:
     """The state before round 1: θ̄ = ``position`` (S, D)."""
     return State(position, 0, None, position if settings.restart else None)
 
 
-def step(
-    state: State,
-    target,
-    settings: SamplerSettings,
-    *,
-    seed: int,
-    chains: torch.Tensor | None = None,
-    client_ids: torch.Tensor | None = None,
-) -> tuple[State, RoundInfo]:
-    """One communication round of FA-HMC (all clients and chains batched).
-
-    The same numbers as :func:`run_round` for round ``state.round + 1`` of run ``seed``,
-    and as every client's :func:`client_update` averaged: this is what the engine and the
-    Flower ServerApp run.
-    """
-    momentum, origin = state.inputs(settings)
-    position, info = run_round(
-        target,
-        state.position,
-        seed,
-        state.round + 1,
-        settings,
-        chains,
-        client_ids,
-        momentum=momentum,
-        origin=origin,
+def broadcast(key: int, state: State, settings: Settings) -> Broadcast:
+    """What the server sends in round ``state.round + 1`` of run ``key`` (the run seed)."""
+    r = state.round + 1
+    return Broadcast(
+        round=r,
+        round_seed=round_seed(key, r),
+        position=state.position,
+        momentum=state.momentum if settings.starts_mid_trajectory(r) else None,
+        origin=state.origin if settings.restart else None,
     )
-    return state.advanced(settings, position, info.momentum), info
+
+
+def client_update(
+    message: Broadcast,
+    target,
+    settings: Settings,
+    seeds: torch.Tensor,
+    *,
+    correction: torch.Tensor | None = None,
+) -> ClientUpdate:
+    """The round of the clients of ``target`` from the server's ``message``.
+
+    Parameters
+    ----------
+    message
+        The round's ``Broadcast``.
+    target
+        The clients' target: all N clients batched (the engine), or one client's own
+        (``target.client(c)``, a Flower client; its weight uses the global n).
+    settings
+        The round's settings.
+    seeds
+        The clients' private seeds (M,) (``client_seeds``); never sent over the network.
+    correction
+        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a), (S, M, D), added to every
+        gradient; None for plain FA-HMC.
+
+    Returns
+    -------
+    ClientUpdate
+        Positions (S, M, D); client c's slice is what it computes alone.
+    """
+    theta_bar = message.position
+    S, D = theta_bar.shape
+    M = int(seeds.shape[0])
+    if target.num_clients != M:
+        raise ValueError(
+            f"client_update got {M} client seeds for a target of {target.num_clients} clients"
+        )
+    seeds = seeds.to(theta_bar.device)
+    chains = torch.arange(S, device=theta_bar.device)
+    shared, private = round_keys(message.round_seed, seeds, message.round, chains)
+    reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
+    return local_iterations(
+        target,
+        theta_bar.unsqueeze(1).expand(S, M, D),
+        shared,
+        private,
+        settings,
+        correction,
+        round_=message.round,
+        momentum=None if message.momentum is None else message.momentum.unsqueeze(1),
+        origin=None if message.origin is None else message.origin.unsqueeze(1),
+        reshuffle_keys=data_keys(seeds, chains) if reshuffle else None,
+    )
+
+
+def server_update(
+    state: State, update: ClientUpdate, weights: torch.Tensor, settings: Settings
+) -> tuple[State, Info]:
+    """The server's side of a round: θ̄ = Σ_c w_c θ^(c) over the clients that replied
+    (``weights`` (M,), n_c or w_c, renormalised over them), the averaged momentum under
+    ``sync_unit="leapfrog"``, and the outer iteration's origin under ``restart``."""
+    r = state.round + 1
+    position = weighted_average(update.position, weights)
+    momentum = None
+    if settings.leapfrog_sync:
+        momentum = weighted_average(update.momentum, weights)
+    origin = position if settings.restart and settings.ends_trajectory(r) else state.origin
+    info = Info(
+        update.grad_evals,
+        int(update.position.shape[1]),
+        update.energy,
+        update.energy_error,
+        momentum,
+    )
+    return State(position, r, momentum, origin), info
+
+
+def skip(state: State, settings: Settings) -> State:
+    """A round in which no client's update arrived: θ̄ and what it carries stay, and the
+    round counter moves on."""
+    return dataclasses.replace(state, round=state.round + 1)
+
+
+def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """One communication round of FA-HMC, every client and chain batched: ``broadcast``,
+    ``client_update`` of all N clients, ``server_update``. ``key`` is the run seed."""
+    message = broadcast(key, state, settings)
+    seeds = client_seeds(key, target.num_clients, state.position.device)
+    update = client_update(message, target, settings, seeds)
+    return server_update(state, update, target.weights, settings)

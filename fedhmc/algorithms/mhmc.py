@@ -48,9 +48,9 @@ def pooled_energy(target) -> EnergyGrad:
     :data:`EnergyGrad` (for a :class:`~fedhmc.models.targets.DataTarget` this is the sum of the
     NLL over all training points plus the prior's −log density)."""
     full = target.with_batch_size(0)
-    w = full.weights.to(full.dtype)
 
     def energy_grad(theta: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        w = full.weights.to(theta.dtype)
         S, D = theta.shape
         N = full.num_clients
         keys = torch.zeros(S, N, dtype=torch.int64, device=theta.device)
@@ -197,36 +197,45 @@ class Settings:
 
 @dataclass(frozen=True)
 class State:
-    """The chains (S, D) with their energy U (S,) and gradient ∇U (S, D), after
-    ``iteration`` transitions."""
+    """The chains (S, D) after ``step`` transitions, with their energy U (S,) and gradient
+    ∇U (S, D) (None until the first ``step`` evaluates them)."""
 
     position: torch.Tensor
-    energy: torch.Tensor
-    grad: torch.Tensor
-    iteration: int = 0
+    energy: torch.Tensor | None = None
+    grad: torch.Tensor | None = None
+    step: int = 0
 
 
 @dataclass(frozen=True)
 class Info:
-    """One transition: acceptance probabilities (S,) and energy errors ΔH (S,)."""
+    """One transition: acceptance probabilities (S,) and energy errors ΔH (S,); the
+    full-data gradient evaluations it took (K per chain)."""
 
     accept_prob: torch.Tensor
     energy_error: torch.Tensor
+    grad_evals: int = 0
+
+    @property
+    def finite(self) -> bool:
+        return bool(torch.isfinite(self.energy_error).all())
 
 
-def init(position: torch.Tensor, energy_grad: EnergyGrad) -> State:
+def init(position: torch.Tensor, settings: Settings) -> State:
     """The chains at ``position`` (S, D)."""
-    U, g = energy_grad(position)
-    return State(position.clone(), U, g, 0)
+    return State(position.clone())
 
 
-def step(
-    state: State, energy_grad: EnergyGrad, settings: Settings, *, seed: int
-) -> tuple[State, Info]:
-    """One Metropolis-adjusted HMC transition of every chain at a fixed step size; the
-    random numbers are those :func:`mhmc` draws at the same iteration and seed."""
+def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """One Metropolis-adjusted HMC transition of every chain at a fixed step size on the
+    pooled full-batch energy of ``target`` (a gradient oracle: a fedhmc target, or
+    ``oracles.from_energy(fn)``); ``key`` is the run seed. The random numbers are those
+    ``mhmc`` draws at the same transition and seed."""
+    energy_grad = pooled_energy(target)
+    U, g = state.energy, state.grad
+    if U is None or g is None:
+        U, g = energy_grad(state.position)
     S = state.position.shape[0]
-    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
+    keys = rng.derive(key, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
     k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
     e = torch.as_tensor(
         settings.step_size, dtype=state.position.dtype, device=state.position.device
@@ -235,12 +244,13 @@ def step(
     theta, U, g, accept_prob, dH = _transition(
         energy_grad,
         state.position,
-        state.energy,
-        state.grad,
+        U,
+        g,
         e,
         k_mom,
         k_acc,
-        state.iteration,
+        state.step,
         settings.leapfrog_steps,
     )
-    return State(theta, U, g, state.iteration + 1), Info(accept_prob, dH)
+    info = Info(accept_prob, dH, S * settings.leapfrog_steps)
+    return State(theta, U, g, state.step + 1), info

@@ -14,7 +14,7 @@ exp(−U/T)). τ = 0 is plain SGHMC / SGLD.
 Everything is vectorised over S independent chains (positions (S, D)). Past positions live
 in a ring buffer of τ + 1 slots: position θ_j sits in slot j mod (τ + 1), so the τ + 1 most
 recent positions are always there and nothing else is copied. Randomness is counter-based
-(:mod:`fedhmc.core.rng`): the noise and the τ_l of step l come from the chain's key and l alone,
+(``fedhmc.core.rng``): the noise and the τ_l of step l come from the chain's key and l alone,
 so advancing 10 then 15 steps gives exactly the 25-step chain.
 """
 
@@ -39,7 +39,7 @@ GradFn = Callable[[torch.Tensor, int], torch.Tensor]
 
 
 @dataclass(frozen=True)
-class StaleSettings:
+class Settings:
     """Settings of a stale-gradient SG-MCMC chain.
 
     Attributes
@@ -56,6 +56,10 @@ class StaleSettings:
         ``"fixed"`` (τ_l = τ) or ``"uniform"`` (τ_l uniform on {0, …, τ}).
     temperature
         T > 0: the chain targets exp(−U/T).
+    grad_noise
+        σ_g ≥ 0 of Gaussian noise added to every gradient.
+    steps
+        Steps per call of ``step`` (the engine: T per round).
     """
 
     method: str
@@ -64,6 +68,8 @@ class StaleSettings:
     staleness: int = 0
     staleness_dist: str = "fixed"
     temperature: float = 1.0
+    grad_noise: float = 0.0
+    steps: int = 1
 
     def __post_init__(self) -> None:
         if self.method not in METHODS:
@@ -88,24 +94,33 @@ class StaleSettings:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
 
 
-@dataclass
-class StaleState:
-    """A chain between calls to :func:`advance`."""
+@dataclass(frozen=True)
+class State:
+    """Chains between calls to ``step``."""
 
-    theta: torch.Tensor
+    position: torch.Tensor
     """Current positions θ_l, (S, D)."""
     momentum: torch.Tensor
     """Current momenta q_l, (S, D) (zeros for SGLD)."""
     ring: torch.Tensor
     """The last τ + 1 positions, (τ + 1, S, D): θ_j in slot j mod (τ + 1)."""
-    step: int
+    step: int = 0
     """l: the number of steps taken."""
 
 
-def init_state(theta0: torch.Tensor, settings: StaleSettings) -> StaleState:
-    """A chain at θ_0 with zero momentum; every ring slot holds θ_0."""
-    ring = theta0.unsqueeze(0).repeat(settings.staleness + 1, 1, 1)
-    return StaleState(theta0.clone(), torch.zeros_like(theta0), ring, 0)
+@dataclass(frozen=True)
+class Info:
+    """What one call of ``step`` did: the gradient evaluations (steps × chains) and
+    whether every momentum stayed finite."""
+
+    grad_evals: int
+    finite: bool
+
+
+def init(position: torch.Tensor, settings: Settings) -> State:
+    """Chains at ``position`` (S, D) with zero momentum; every ring slot holds θ_0."""
+    ring = position.unsqueeze(0).repeat(settings.staleness + 1, 1, 1)
+    return State(position.clone(), torch.zeros_like(position), ring, 0)
 
 
 def chain_keys(seed: int, chains: int | torch.Tensor) -> torch.Tensor:
@@ -114,7 +129,7 @@ def chain_keys(seed: int, chains: int | torch.Tensor) -> torch.Tensor:
     return rng.derive(seed, rng.STREAM_CHAIN, idx)
 
 
-def delays(keys: torch.Tensor, step: int, settings: StaleSettings) -> torch.Tensor:
+def delays(keys: torch.Tensor, step: int, settings: Settings) -> torch.Tensor:
     """τ_l of every chain at step l: (S,) int64."""
     S, tau = keys.shape[0], settings.staleness
     if tau == 0 or settings.staleness_dist == "fixed":
@@ -144,25 +159,12 @@ def euler_step(
     return theta - h * grad + math.sqrt(2.0 * h) * zeta, momentum
 
 
-def advance(
-    state: StaleState,
-    grad_fn: GradFn,
-    num_steps: int,
-    settings: StaleSettings,
-    keys: torch.Tensor,
-) -> StaleState:
-    """Take ``num_steps`` steps of stale SGHMC or SGLD; returns the new state.
-
-    Parameters
-    ----------
-    state
-        From :func:`init_state` or a previous call (not modified).
-    grad_fn
-        ∇Ũ at positions (S, D) for step l.
-    keys
-        Per-chain keys (S,), e.g. :func:`chain_keys`.
-    """
-    theta, q, ring = state.theta.clone(), state.momentum.clone(), state.ring.clone()
+def _advance(
+    state: State, grad_fn: GradFn, num_steps: int, settings: Settings, keys: torch.Tensor
+) -> State:
+    """``num_steps`` steps of stale SGHMC or SGLD from ``state`` (not modified), with the
+    chains' keys (S,) and ∇Ũ at positions (S, D) for step l."""
+    theta, q, ring = state.position.clone(), state.momentum.clone(), state.ring.clone()
     S, D = theta.shape
     slots = settings.staleness + 1
     h, B = settings.step_size, settings.friction
@@ -180,15 +182,13 @@ def advance(
         step += 1
         if settings.staleness > 0:
             ring[step % slots] = theta
-    return StaleState(theta, q, ring, step)
+    return State(theta, q, ring, step)
 
 
-def target_grad_fn(target, keys: torch.Tensor) -> GradFn:
-    """∇Ũ of a one-client fedhmc target (the pooled data) as a :data:`GradFn`.
-
-    Minibatches are drawn by the target from per-chain keys derived from ``keys`` and the
-    step, as the FA-HMC engine draws them.
-    """
+def oracle_grad_fn(target, keys: torch.Tensor) -> GradFn:
+    """∇Ũ of a one-client gradient oracle (the pooled data; ``fedhmc.algorithms.oracles``)
+    as a function of positions (S, D) and the step, the minibatches drawn from per-chain
+    keys derived from ``keys``, as the FA-HMC engine draws them."""
     if target.num_clients != 1:
         raise ValueError("stale SG-MCMC runs on the pooled data: a one-client target")
     batch_keys = rng.derive(keys, STREAM_STALE_BATCH).view(-1, 1)
@@ -200,35 +200,21 @@ def target_grad_fn(target, keys: torch.Tensor) -> GradFn:
     return grad
 
 
-# ------------------------------------------------------------------ the algorithm API
-Settings = StaleSettings
-State = StaleState
+def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """``settings.steps`` steps of stale SGHMC or SGLD on every chain.
 
+    ``key`` is the run seed (chain s draws from ``chain_keys(key, S)[s]``); ``target`` a
+    one-client gradient oracle: the pooled data's target, or ``oracles.from_grad(fn)``.
+    Advancing 10 then 15 steps gives exactly the 25-step chain.
+    """
+    keys = chain_keys(key, state.position.shape[0]).to(state.position.device)
+    grad = oracle_grad_fn(target, keys)
+    if settings.grad_noise > 0:
+        exact, noise = grad, gradients.noise_keys(keys)
 
-@dataclass(frozen=True)
-class Info:
-    """What one call of :func:`step` did: the steps taken and whether every momentum
-    stayed finite."""
+        def grad(theta: torch.Tensor, l: int) -> torch.Tensor:  # noqa: E741
+            return gradients.add_noise(exact(theta, l), noise, l, settings.grad_noise)
 
-    steps: int
-    finite: bool
-
-
-def init(position: torch.Tensor, settings: StaleSettings) -> StaleState:
-    """A chain at ``position`` (S, D) with zero momentum (:func:`init_state`)."""
-    return init_state(position, settings)
-
-
-def step(
-    state: StaleState,
-    grad_fn: GradFn,
-    settings: StaleSettings,
-    *,
-    keys: torch.Tensor,
-    num_steps: int = 1,
-) -> tuple[StaleState, Info]:
-    """``num_steps`` steps of stale SGHMC or SGLD (:func:`advance`); ``keys`` (S,) are the
-    chains' keys (:func:`chain_keys`) and ``grad_fn`` the gradient oracle
-    (:func:`target_grad_fn`)."""
-    new = advance(state, grad_fn, num_steps, settings, keys)
-    return new, Info(num_steps, bool(torch.isfinite(new.momentum).all()))
+    new = _advance(state, grad, settings.steps, settings, keys)
+    steps = settings.steps * state.position.shape[0]
+    return new, Info(steps, bool(torch.isfinite(new.momentum).all()))

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.errors import ConfigError
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.experiments.blr import blr_config, blr_reference
@@ -63,7 +64,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     iterations or 5 rounds; full: the paper's d = 1000, T ∈ {1, 10, 20, …, 100}, 5,000
     iterations or 100 rounds (days on 2 cores).
     """
-    from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+    from fedhmc.algorithms.fahmc import run_round
     from fedhmc.analysis.metrics import wasserstein1_marginals
     from fedhmc.runtime.problem import build_problem
 
@@ -91,7 +92,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     bar = bar_or_null(len(Ts), "T values", "T")
     for T in Ts:
         rounds = max(min_rounds, math.ceil(iters / T))
-        settings = SamplerSettings(eta, K, T, rho=1.0, grad_noise=noise)
+        settings = fahmc.Settings(eta, K, T, rho=1.0, grad_noise=noise)
         theta = torch.zeros(chains, problem.dim, dtype=torch.float32)
         pooled = torch.empty(rounds * chains, problem.dim, dtype=torch.float32)
         at = set(evaluation_rounds(rounds))

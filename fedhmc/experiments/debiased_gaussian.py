@@ -8,6 +8,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
@@ -26,7 +27,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     :func:`fedhmc.models.targets.fahmc_gaussian_stationary`.
     """
     from fedhmc.algorithms.debiased import debiased_round
-    from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+    from fedhmc.algorithms.fahmc import run_round
     from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
     from fedhmc.models.targets import hetero_gaussian
 
@@ -37,7 +38,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     post = target.posterior()
     rows = []
     for T in track(Ts, "T values", "T"):
-        settings = SamplerSettings(eta, K, T, rho=1.0)
+        settings = fahmc.Settings(eta, K, T, rho=1.0)
         for variant in ("fahmc", "fahmc-debiased"):
             debiased = variant == "fahmc-debiased"
             exact_mean, exact_var, radius = fahmc_gaussian_stationary(

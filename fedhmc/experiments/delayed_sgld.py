@@ -10,9 +10,10 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import delayed
 from fedhmc.algorithms.delayed.driver import run_delayed
 from fedhmc.algorithms.delayed.problem import hessian_eigs, make_regression, posterior
-from fedhmc.algorithms.delayed.sgld import MODES, DelayedSettings
+from fedhmc.algorithms.delayed.sgld import MODES
 from fedhmc.analysis.metrics import gaussian_w2_sq
 
 
@@ -79,7 +80,7 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
         for P in (2, 4):
             iters = total // P
             for mode in MODES:
-                s = DelayedSettings(
+                s = delayed.Settings(
                     mode=mode,
                     workers=P,
                     iterations=iters,

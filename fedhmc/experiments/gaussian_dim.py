@@ -7,6 +7,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
@@ -24,7 +25,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     compared with the exact ones (the largest deviation in Monte Carlo standard errors is
     reported; it should be of order 1–4).
     """
-    from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+    from fedhmc.algorithms.fahmc import run_round
     from fedhmc.analysis.gaussian import fahmc_gaussian_transient
     from fedhmc.models.targets import hetero_gaussian
 
@@ -53,7 +54,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
             "max_dev_se": math.nan,
         }
         if d in check_dims and hit:
-            settings = SamplerSettings(eta, K, T, rho=1.0)
+            settings = fahmc.Settings(eta, K, T, rho=1.0)
             theta = torch.zeros(chains, d, dtype=torch.float64)
             worst = 0.0
             for r in range(1, rounds + 1):

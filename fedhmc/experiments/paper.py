@@ -34,6 +34,7 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedhmc.algorithms import fahmc
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
@@ -634,7 +635,6 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
     import torch
     from fedhmc_datasets.locate import cache_dir
 
-    from fedhmc.algorithms.fahmc import SamplerSettings
     from fedhmc.analysis.metrics import wasserstein1_marginals
     from fedhmc.experiments.blr import blr_config, blr_reference
     from fedhmc.experiments.blr_t import evaluation_rounds, rounds_to_reach
@@ -684,7 +684,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
                 continue
             t0 = time.perf_counter()
             if protocol == "authors":
-                s = SamplerSettings(
+                s = fahmc.Settings(
                     eta,
                     K,
                     T,
@@ -695,7 +695,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
                 )
                 samples = authors_blr_samples(target, s, theta0, seed, iters)
             else:
-                s = SamplerSettings(eta, K, T, grad_noise=noise)
+                s = fahmc.Settings(eta, K, T, grad_noise=noise)
                 samples = algorithm3_blr_samples(
                     target, s, theta0, seed, max(5, math.ceil(iters / T))
                 )
@@ -791,7 +791,6 @@ def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
     import torch
     from fedhmc_datasets.locate import cache_dir
 
-    from fedhmc.algorithms.fahmc import SamplerSettings
     from fedhmc.experiments.blr import blr_reference
     from fedhmc.runtime.problem import build_problem
 
@@ -805,12 +804,12 @@ def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
     for protocol in PROTOCOL_ORDER:
         for T in Ts:
             if protocol == "authors":
-                s = SamplerSettings(
+                s = fahmc.Settings(
                     eta, K, T, sync_unit="leapfrog", fresh_gradients=True, restart=True
                 )
                 x = authors_blr_samples(target, s, theta0, cfg.seed, outer)
             else:
-                s = SamplerSettings(eta, K, T)
+                s = fahmc.Settings(eta, K, T)
                 x = algorithm3_blr_samples(target, s, theta0, cfg.seed, outer)
             x = x[outer // 2 :]  # (rounds, S, D)
             per_chain = x.mean(0)  # (S, D)

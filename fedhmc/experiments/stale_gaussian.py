@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import stale
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
@@ -32,7 +33,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     preset runs stale SGHMC with friction B = 2√(n + 1) (critical damping of the
     posterior's curvature) and reports what it finds.
     """
-    from fedhmc.algorithms.stale import StaleSettings, advance, chain_keys, init_state
+    from fedhmc.algorithms.stale import advance, chain_keys, init_state
     from fedhmc.core import rng
 
     n, batch, C, L0 = 1000, 10, 1.0 / 30.0, 500
@@ -56,7 +57,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     for tau in track(taus, "staleness", "τ"):
         L = L0 * tau
         h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
-        settings = StaleSettings("sghmc", h, friction=friction, staleness=tau)
+        settings = stale.Settings("sghmc", h, friction=friction, staleness=tau)
         state = init_state(torch.zeros(chains, 1, dtype=torch.float64), settings)
         total = torch.zeros(chains, dtype=torch.float64)
         checkpoints, mse_curve = [], []

@@ -9,6 +9,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import stale
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
@@ -29,7 +30,6 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     falls about W times faster: a linear speed-up in W.
     """
     from fedhmc.algorithms.stale import (
-        StaleSettings,
         advance,
         chain_keys,
         init_state,
@@ -61,11 +61,11 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         lp = model.log_probs(theta, X_test.to(theta.dtype))  # (S, M, C)
         return -lp.gather(-1, y_test.view(1, -1, 1).expand(theta.shape[0], -1, 1)).mean((1, 2))
 
-    warm = StaleSettings("sgld", h)
+    warm = stale.Settings("sgld", h)
     start = advance(init_state(torch.zeros(chains, target.dim), warm), grad, burn, warm, keys)
     rows, curves = [], {}
     for W in track(workers, "workers", "W"):
-        settings = StaleSettings("sgld", h, staleness=W - 1)
+        settings = stale.Settings("sgld", h, staleness=W - 1)
         state = init_state(start.theta, settings)
         state.step = start.step
         total = torch.zeros(chains, dtype=torch.float64)

@@ -27,7 +27,8 @@ import torch
 from fedhmc import __version__
 from fedhmc.errors import ConfigError
 
-FORMAT = 1
+FORMAT = 2
+"""2: the algorithm's state saved field by field (``state_dict``)."""
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 
@@ -71,7 +72,9 @@ def _read(path: Path) -> dict:
         header = json.loads(f.readline())
         payload = f.read()
     if header.get("format") != FORMAT:
-        raise ValueError(f"format {header.get('format')}")
+        raise ValueError(
+            f"format {header.get('format')}, written by another fedhmc; this one reads {FORMAT}"
+        )
     if len(payload) != header["bytes"]:
         raise ValueError(f"truncated ({len(payload)} of {header['bytes']} bytes)")
     if hashlib.sha256(payload).hexdigest() != header["sha256"]:
@@ -137,3 +140,45 @@ def check_compatible(saved: dict, config: dict, version: str) -> None:
 
 def _nan(x) -> bool:
     return isinstance(x, float) and x != x
+
+
+def state_dict(state) -> dict:
+    """An algorithm's State (a dataclass) as plain data: its class and its fields, tensors
+    on the CPU. Any State round-trips through ``state_from_dict``."""
+    import dataclasses
+
+    def plain(v):
+        if isinstance(v, torch.Tensor):
+            return v.detach().cpu()
+        if dataclasses.is_dataclass(v) and not isinstance(v, type):
+            return state_dict(v)
+        return v
+
+    cls = type(state)
+    return {
+        "type": f"{cls.__module__}.{cls.__qualname__}",
+        "fields": {f.name: plain(getattr(state, f.name)) for f in dataclasses.fields(state)},
+    }
+
+
+def state_from_dict(saved: dict, cls: type, device="cpu"):
+    """The ``cls`` State that ``state_dict`` saved, its tensors on ``device``."""
+    name = f"{cls.__module__}.{cls.__qualname__}"
+    if not isinstance(saved, dict) or saved.get("type") != name:
+        got = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
+        raise ConfigError(
+            f"cannot resume: the checkpoint holds a {got} state, this run needs {name}; "
+            "start the run again with --overwrite"
+        )
+
+    def back(v):
+        if isinstance(v, torch.Tensor):
+            return v.to(device)
+        if isinstance(v, dict) and "type" in v and "fields" in v:
+            import importlib
+
+            module, _, qual = v["type"].rpartition(".")
+            return state_from_dict(v, getattr(importlib.import_module(module), qual), device)
+        return v
+
+    return cls(**{k: back(v) for k, v in saved["fields"].items()})

@@ -10,7 +10,6 @@ the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 import signal
@@ -23,10 +22,7 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import debiased as debiased_algorithm
-from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.debiased import Anchor
-from fedhmc.algorithms.fahmc import SamplerSettings
+from fedhmc.algorithms import debiased, fahmc, stale
 from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
 from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
 from fedhmc.runtime.output import RunWriter
@@ -36,9 +32,13 @@ from fedhmc.runtime.threads import apply_threads, gradient_work
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
 
-def sampler_settings(cfg: RunConfig) -> SamplerSettings:
-    """The sampler's settings from a resolved config."""
-    return SamplerSettings(
+def sampler_settings(cfg: RunConfig) -> fahmc.Settings:
+    """FA-HMC's settings from a resolved config (debiased FA-HMC's, with its anchor batch
+    size, for ``--algorithm fahmc-debiased``)."""
+    cls = debiased.Settings if cfg.algorithm == "fahmc-debiased" else fahmc.Settings
+    extra = {"anchor_batch_size": int(cfg.anchor_batch_size)} if cls is debiased.Settings else {}
+    return cls(
+        **extra,
         step_size=float(cfg.step_size),
         leapfrog_steps=int(cfg.leapfrog_steps),
         local_steps=int(cfg.local_steps),
@@ -49,6 +49,23 @@ def sampler_settings(cfg: RunConfig) -> SamplerSettings:
         fresh_gradients=bool(cfg.fresh_gradients),
         restart=bool(cfg.restart_trajectories),
     )
+
+
+def algorithm_of(cfg: RunConfig):
+    """(module, settings) of the in-process algorithm that ``cfg`` runs: every module has
+    ``init(position, settings)`` and ``step(key, state, target, settings)``."""
+    if cfg.algorithm in STALE_ALGORITHMS:
+        return stale, stale.Settings(
+            method=cfg.algorithm,
+            step_size=float(cfg.step_size),
+            friction=float(cfg.friction),
+            staleness=int(cfg.staleness),
+            staleness_dist=cfg.staleness_dist,
+            temperature=float(cfg.temperature),
+            grad_noise=float(cfg.grad_noise),
+            steps=int(cfg.local_steps),
+        )
+    return (debiased if cfg.algorithm == "fahmc-debiased" else fahmc), sampler_settings(cfg)
 
 
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:
@@ -629,40 +646,25 @@ def run(
     if problem is None:
         problem = build_problem(cfg, device=device)
     apply_threads(threads, _gradient_work(problem, cfg))
-    if cfg.algorithm in STALE_ALGORITHMS:
-        return _run_stale(cfg, problem, device, progress, on_round)
-    settings = sampler_settings(cfg)
+    from fedhmc.runtime import checkpoint
+
+    module, settings = algorithm_of(cfg)
     target = problem.target
-    debiased = cfg.algorithm == "fahmc-debiased"
-    algorithm = debiased_algorithm if debiased else fahmc
-    extra = {"anchor_target": target.with_batch_size(cfg.anchor_batch_size)} if debiased else {}
     theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
-    state = algorithm.init(theta0, settings)
+    state = module.init(theta0, settings)
+    num_clients = target.num_clients
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal state
-        state = dataclasses.replace(state, position=theta_bar, round=r - 1)
-        state, info = algorithm.step(state, target, settings, seed=cfg.seed, **extra)
-        finite = bool(torch.isfinite(info.energy).all())
+        state, info = module.step(cfg.seed, state, target, settings)
         down, up = bytes_per_round(cfg, problem.dim, r)
-        stats = RoundStats(info.grad_evals, finite, target.num_clients, 0, down, up)
-        stats.energy_error = float(info.energy_error.mean())
+        stats = RoundStats(info.grad_evals, info.finite, num_clients, 0, down, up)
+        stats.energy_error = getattr(info, "mean_energy_error", None)
         return state.position, stats
 
-    def get_state() -> dict:
-        if debiased:
-            a = state.anchor
-            return {"carry": {}, "anchor": None if a is None else a.correction.detach().cpu()}
-        return {"carry": state.carry_dict(), "anchor": None}
-
     def set_state(saved: dict) -> None:
         nonlocal state
-        if debiased:
-            a = saved.get("anchor")
-            anchor = None if a is None else Anchor(a.to(device))
-            state = dataclasses.replace(state, anchor=anchor)
-        else:
-            state = state.with_carry(saved.get("carry") or {}, device)
+        state = checkpoint.state_from_dict(saved, type(state), device)
 
     return run_loop(
         cfg,
@@ -670,82 +672,12 @@ def run(
         theta0,
         round_fn,
         dim=problem.dim,
-        num_clients=target.num_clients,
+        num_clients=num_clients,
         description=problem.description,
         backend="engine",
         progress=progress,
         on_round=on_round,
-        backend_state=(get_state, set_state),
-    )
-
-
-def _run_stale(cfg: RunConfig, problem: Problem, device, progress, on_round) -> RunResult:
-    """Stale-gradient SGHMC / SGLD on the pooled data: a round is T steps, no communication."""
-    from fedhmc.algorithms import stale
-    from fedhmc.algorithms.stale import (
-        StaleSettings,
-        chain_keys,
-        target_grad_fn,
-    )
-
-    settings = StaleSettings(
-        method=cfg.algorithm,
-        step_size=float(cfg.step_size),
-        friction=float(cfg.friction),
-        staleness=int(cfg.staleness),
-        staleness_dist=cfg.staleness_dist,
-        temperature=float(cfg.temperature),
-    )
-    target = problem.target
-    keys = chain_keys(cfg.seed, cfg.chains).to(device)
-    grad = target_grad_fn(target, keys)
-    noise = float(cfg.grad_noise)
-    if noise > 0:
-        from fedhmc.core import gradients
-
-        noise_keys = gradients.noise_keys(keys)
-        exact = grad
-
-        def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
-            return gradients.add_noise(exact(theta, step), noise_keys, step, noise)
-
-    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
-    state = stale.init(theta0, settings)
-
-    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal state
-        state, info = stale.step(state, grad, settings, keys=keys, num_steps=cfg.local_steps)
-        return state.theta, RoundStats(cfg.local_steps * cfg.chains, info.finite, 1, 0, 0, 0)
-
-    def get_state() -> dict:
-        return {
-            "theta": state.theta.cpu(),
-            "momentum": state.momentum.cpu(),
-            "ring": state.ring.cpu(),
-            "step": state.step,
-        }
-
-    def set_state(saved: dict) -> None:
-        nonlocal state
-        state = type(state)(
-            saved["theta"].to(device),
-            saved["momentum"].to(device),
-            saved["ring"].to(device),
-            int(saved["step"]),
-        )
-
-    return run_loop(
-        cfg,
-        problem.evaluator,
-        theta0,
-        round_fn,
-        dim=problem.dim,
-        num_clients=1,
-        description=problem.description,
-        backend="engine",
-        progress=progress,
-        on_round=on_round,
-        backend_state=(get_state, set_state),
+        backend_state=(lambda: checkpoint.state_dict(state), set_state),
     )
 
 

@@ -354,6 +354,10 @@ def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int
     Under ``--sync-unit leapfrog`` every client returns its momentum, and gets the averaged
     momentum when the round continues a trajectory and the origin X₀ under restarts.
     """
+    from fedhmc.runtime.config import STALE_ALGORITHMS
+
+    if cfg.algorithm in STALE_ALGORITHMS:  # one process, no messages
+        return 0, 0
     itemsize = 8 if cfg.dtype == "float64" else 4
     per_array = cfg.num_clients * cfg.chains * dim * itemsize
     if cfg.algorithm == "fahmc-debiased":

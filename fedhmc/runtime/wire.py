@@ -8,11 +8,11 @@ holds); the Flower layer wraps them. Keys are kebab-case, as in Flower's run con
 
 from __future__ import annotations
 
-from fedhmc.algorithms.fahmc import SamplerSettings, round_seed
+from fedhmc.algorithms import debiased, fahmc
 from fedhmc.runtime.config import RunConfig
 
 SAMPLER = {
-    # wire key: (SamplerSettings field, RunConfig field, type)
+    # wire key: (fahmc.Settings field, RunConfig field, type)
     "local-steps": ("local_steps", "local_steps", int),
     "leapfrog-steps": ("leapfrog_steps", "leapfrog_steps", int),
     "step-size": ("step_size", "step_size", float),
@@ -34,12 +34,15 @@ DATA = {
 """The settings of a client's target that the server decides."""
 
 
-def encode_round(cfg: RunConfig, round_: int, num_total: int) -> dict:
+def encode_round(
+    cfg: RunConfig, round_: int, num_total: int, round_seed: int | None = None
+) -> dict:
     """Round ``round_``'s settings: its number and seed, n, the chains, the algorithm, and
     every sampler and data setting."""
+    seed = fahmc.round_seed(cfg.seed, round_) if round_seed is None else round_seed
     out = {
         "round": int(round_),
-        "round-seed": int(round_seed(cfg.seed, round_)),
+        "round-seed": int(seed),
         "num-examples-total": int(num_total),
         "chains": int(cfg.chains),
         "algorithm": str(cfg.algorithm),
@@ -52,9 +55,54 @@ def encode_round(cfg: RunConfig, round_: int, num_total: int) -> dict:
     return out
 
 
-def decode_sampler(message: dict) -> SamplerSettings:
-    """The :class:`SamplerSettings` a round's settings describe."""
-    return SamplerSettings(**{field: t(message[k]) for k, (field, _, t) in SAMPLER.items()})
+def decode_sampler(message: dict) -> fahmc.Settings:
+    """The settings a round's settings describe: debiased FA-HMC's (with the anchor batch
+    size) for ``algorithm = fahmc-debiased``, else FA-HMC's."""
+    kw = {field: t(message[k]) for k, (field, _, t) in SAMPLER.items()}
+    if message.get("algorithm") == "fahmc-debiased":
+        return debiased.Settings(**kw, anchor_batch_size=int(message["anchor-batch-size"]))
+    return fahmc.Settings(**kw)
+
+
+ARRAYS = {
+    # array name: Broadcast field
+    "theta": "position",
+    "momentum": "momentum",
+    "origin": "origin",
+    "anchor": "anchor_position",
+    "anchor-grad": "anchor_grad",
+}
+"""The arrays of a round's message, by the Broadcast field each carries."""
+
+
+def encode_message(
+    cfg: RunConfig, message: fahmc.Broadcast, num_total: int
+) -> tuple[dict, dict]:
+    """A round's Broadcast as the (settings, arrays) of a Flower message: arrays are the
+    Broadcast's tensors that are set (θ̄ always), by their wire names."""
+    config = encode_round(cfg, message.round, num_total, message.round_seed)
+    if message.anchor_round is not None:
+        config["anchor-round"] = int(message.anchor_round)
+    arrays = {
+        k: getattr(message, f) for k, f in ARRAYS.items() if getattr(message, f) is not None
+    }
+    return config, arrays
+
+
+def decode_message(config: dict, arrays: dict, dtype) -> fahmc.Broadcast:
+    """The Broadcast a round's (settings, arrays) carry, its arrays as tensors of ``dtype``."""
+    import torch
+
+    tensors = {
+        f: torch.as_tensor(arrays[k]).to(dtype) for k, f in ARRAYS.items() if k in arrays
+    }
+    anchor_round = config.get("anchor-round") if "anchor" in arrays else None
+    return fahmc.Broadcast(
+        round=int(config["round"]),
+        round_seed=int(config["round-seed"]),
+        anchor_round=None if anchor_round is None else int(anchor_round),
+        **tensors,
+    )
 
 
 def apply_data(cfg: RunConfig, message: dict, keys=tuple(DATA)) -> RunConfig:

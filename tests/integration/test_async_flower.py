@@ -23,8 +23,9 @@ from _grids import LocalGrid
 from fedhmc_clients.app import make_client_app
 from flwr.app import Array, ArrayRecord, Error, Message, RecordDict
 
-from fedhmc.algorithms.async_sgmcmc import AsyncChain, AsyncSettings, euler_step, pooled_histogram
-from fedhmc.algorithms.stale import StaleSettings, advance, chain_keys, init_state
+from fedhmc.algorithms import async_sgmcmc, stale
+from fedhmc.algorithms.async_sgmcmc import AsyncChain, euler_step, pooled_histogram
+from fedhmc.algorithms.stale import advance, chain_keys, init_state
 from fedhmc.analysis.diagnostics import ess_basic
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
@@ -41,7 +42,7 @@ def gaussian_grad(theta, step=0):
 
 
 def make_chain(method="sghmc", max_staleness=10, D=3, seed=0, **kw):
-    s = AsyncSettings(method, kw.pop("h", 0.05), kw.pop("B", 2.0), max_staleness=max_staleness)
+    s = async_sgmcmc.Settings(method, kw.pop("h", 0.05), kw.pop("B", 2.0), max_staleness=max_staleness)
     theta0 = torch.linspace(-1, 1, D, dtype=torch.float64)
     return AsyncChain(theta0, s, chain_keys(seed, 1), **kw), theta0
 
@@ -94,7 +95,7 @@ def test_round_robin_workers_are_sgmcmc_with_fixed_staleness_bit_for_bit(method,
     taken at θ_0: exactly fedhmc.algorithms.stale's stale chain with τ = W − 1 (τ = 0: plain SGHMC /
     SGLD), with the same noise."""
     steps, D = 25, 4
-    settings = AsyncSettings(method, 0.05, 2.0, temperature=0.7, max_staleness=workers)
+    settings = async_sgmcmc.Settings(method, 0.05, 2.0, temperature=0.7, max_staleness=workers)
     theta0 = torch.linspace(-1, 1, D, dtype=torch.float64)
     chain = AsyncChain(theta0, settings, chain_keys(3, 1))
     sent = {w: chain.send(w) for w in range(workers)}
@@ -106,7 +107,7 @@ def test_round_robin_workers_are_sgmcmc_with_fixed_staleness_bit_for_bit(method,
     assert dict(chain.staleness) == (
         {**{k: 1 for k in range(workers - 1)}, workers - 1: steps - workers + 1}
     )
-    ref = StaleSettings(method, 0.05, 2.0, staleness=workers - 1, temperature=0.7)
+    ref = stale.Settings(method, 0.05, 2.0, staleness=workers - 1, temperature=0.7)
     want = advance(init_state(theta0.view(1, D), ref), gaussian_grad, steps, ref, chain_keys(3, 1))
     assert torch.equal(chain.theta, want.theta[0])
     if method == "sghmc":

@@ -15,8 +15,9 @@ import math
 import pytest
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.debiased import Anchor, debiased_round
-from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.algorithms.fahmc import run_round
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
 from fedhmc.models.targets import hetero_gaussian
 from fedhmc.runtime.config import RunConfig
@@ -35,7 +36,7 @@ def law(target, debiased):
 
 def last_round(target, debiased, correct=True):
     """θ̄ after enough rounds to forget the start; ``correct=False`` drops the correction."""
-    settings = SamplerSettings(ETA, K, T, rho=1.0)
+    settings = fahmc.Settings(ETA, K, T, rho=1.0)
     _, _, radius = law(target, debiased)
     rounds = int(math.ceil(math.log(1e-6 / 20) / math.log(radius)))
     theta = torch.zeros(CHAINS, DIM, dtype=torch.float64)
@@ -82,7 +83,7 @@ def test_check_fails_when_the_correction_is_switched_off():
 
 def test_round_one_is_plain_fahmc_and_later_rounds_are_not():
     target = hetero_gaussian(4, 3, dtype=torch.float64)
-    s = SamplerSettings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
+    s = fahmc.Settings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
     theta = torch.randn(2, 3, dtype=torch.float64)
     plain, info_p = run_round(target, theta, 7, 1, s)
     deb, anchor, info_d = debiased_round(target, target, theta, None, 7, 1, s)

@@ -8,9 +8,10 @@ import os
 import pytest
 import torch
 
+from fedhmc.algorithms import delayed
 from fedhmc.algorithms.delayed.driver import run_delayed
 from fedhmc.algorithms.delayed.problem import hessian_eigs, make_regression, posterior
-from fedhmc.algorithms.delayed.sgld import MODES, DelayedSettings, sequential_reference
+from fedhmc.algorithms.delayed.sgld import MODES, sequential_reference
 from fedhmc.algorithms.delayed.workers import WorkerError
 from fedhmc.cli.main import main
 from fedhmc.errors import ConfigError
@@ -42,7 +43,7 @@ def _settings(problem, **kw):
         seed=1,
     )
     base.update(kw)
-    return DelayedSettings(**base)
+    return delayed.Settings(**base)
 
 
 @pytest.fixture(scope="module")
@@ -141,7 +142,7 @@ def test_sync_recovers_the_posterior_mean_and_the_exact_stationary_covariance():
     _, L = hessian_eigs(prob)
     R, P = 2000, 2
     for batch in (10, 0):
-        s = DelayedSettings(
+        s = delayed.Settings(
             mode="sync",
             workers=P,
             iterations=600,
@@ -179,7 +180,7 @@ def test_sync_recovers_the_posterior_mean_and_the_exact_stationary_covariance():
 )
 def test_bad_settings_are_one_line_config_errors(kw, text):
     with pytest.raises(ConfigError, match=text):
-        DelayedSettings(**kw).validate()
+        delayed.Settings(**kw).validate()
 
 
 @pytest.mark.slow  # multiprocessing

@@ -20,8 +20,8 @@ import math
 import pytest
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import (
-    SamplerSettings,
     client_seed,
     local_iterations,
     round_keys,
@@ -85,7 +85,7 @@ def rounds_to_mix(alpha, scale=20.0):
 )
 def test_matches_exact_stationary_law_of_the_algorithm(rho, noise, temperature):
     target = hetero_gaussian(4, DIM, dtype=torch.float64)
-    s = SamplerSettings(0.05, 10, 2, rho=rho, grad_noise=noise, temperature=temperature)
+    s = fahmc.Settings(0.05, 10, 2, rho=rho, grad_noise=noise, temperature=temperature)
     mean, var, alpha = stationary(target, s)
     x = run_chains(target, s, rounds_to_mix(alpha))
     ok, info = within(x, mean, var)
@@ -94,7 +94,7 @@ def test_matches_exact_stationary_law_of_the_algorithm(rho, noise, temperature):
 
 def test_recovers_exact_posterior_at_small_step_size():
     target = hetero_gaussian(4, DIM, dtype=torch.float64)
-    s = SamplerSettings(0.1, 5, 1, rho=1.0)
+    s = fahmc.Settings(0.1, 5, 1, rho=1.0)
     mean, var, alpha = stationary(target, s)
     post = target.posterior()
     assert (post.mean, post.var) == pytest.approx((41 / 3, 4 / 3))
@@ -108,11 +108,11 @@ def test_recovers_exact_posterior_at_small_step_size():
 def test_check_fails_without_averaging():
     # T = ∞: one round whose T covers the whole run, so no client ever sees the average.
     target = hetero_gaussian(4, DIM, dtype=torch.float64)
-    s = SamplerSettings(0.1, 5, 1, rho=1.0)
+    s = fahmc.Settings(0.1, 5, 1, rho=1.0)
     mean, var, alpha = stationary(target, s)
     rounds = rounds_to_mix(alpha)
     post = target.posterior()
-    x = run_chains(target, SamplerSettings(0.1, 5, rounds, rho=1.0), 1)
+    x = run_chains(target, fahmc.Settings(0.1, 5, rounds, rho=1.0), 1)
     ok, info = within(x, post.mean, post.var, abs(mean - post.mean), abs(var - post.var))
     assert not ok, info
 
@@ -121,7 +121,7 @@ def test_unequal_weights_pass_and_wrong_weights_fail():
     target = GaussianTarget(
         [20, 1, 1, 5], [1, 2, 2, 1], DIM, weights=[0.4, 0.3, 0.2, 0.1], dtype=torch.float64
     )
-    s = SamplerSettings(0.1, 5, 1, rho=1.0)
+    s = fahmc.Settings(0.1, 5, 1, rho=1.0)
     mean, var, alpha = stationary(target, s)
     post = target.posterior()
     extra = (abs(mean - post.mean), abs(var - post.var))
@@ -135,7 +135,7 @@ def test_unequal_weights_pass_and_wrong_weights_fail():
 
 def test_engine_round_equals_the_assembled_pieces():
     target = hetero_gaussian(4, 3, dtype=torch.float64)
-    s = SamplerSettings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
+    s = fahmc.Settings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
     theta_bar = torch.zeros(2, 3, dtype=torch.float64)
     seeds = torch.tensor([client_seed(7, c) for c in range(4)])
     shared, private = round_keys(round_seed(7, 1), seeds, 1, torch.arange(2))

@@ -21,7 +21,8 @@ import math
 import pytest
 import torch
 
-from fedhmc.algorithms.fahmc import SamplerSettings, data_keys, run_round
+from fedhmc.algorithms import fahmc
+from fedhmc.algorithms.fahmc import data_keys, run_round
 from fedhmc.core import rng
 from fedhmc.models.nets import LogisticRegression
 from fedhmc.models.targets import DataTarget, hetero_gaussian
@@ -155,7 +156,7 @@ def test_leapfrog_sync_matches_the_exact_stationary_law(T, K, rho, noise, fresh)
     mean, var, steps = exact_moments(
         means, variances, target.weights.tolist(), eta, K, T, rho, noise, fresh
     )
-    s = SamplerSettings(
+    s = fahmc.Settings(
         eta, K, T, rho=rho, grad_noise=noise, sync_unit="leapfrog", fresh_gradients=fresh
     )
     # Rounds: as many as the reference needed to converge to 1e-12, rounded up to a
@@ -191,7 +192,7 @@ def test_the_exact_reference_is_sharp_enough_to_fail():
         1.0,
         fresh=True,
     )
-    s = SamplerSettings(eta, K, T, sync_unit="leapfrog", fresh_gradients=True)
+    s = fahmc.Settings(eta, K, T, sync_unit="leapfrog", fresh_gradients=True)
     theta, rounds = torch.zeros(CHAINS, DIM, dtype=torch.float64), 3 * math.ceil(steps / 15)
     # Drop the averaged momentum: every client keeps its own (here: the average is never
     # passed back, so a mid-trajectory round restarts from a zero momentum instead).
@@ -234,7 +235,7 @@ def test_T_a_multiple_of_K_is_algorithm3_bit_for_bit(tmp_path, minibatch, fresh)
 def test_evaluation_counts_and_sample_rounds():
     for K, T in [(3, 5), (4, 2), (10, 50), (100, 50), (1, 7), (6, 6)]:
         for fresh in (False, True):
-            s = SamplerSettings(0.1, K, T, sync_unit="leapfrog", fresh_gradients=fresh)
+            s = fahmc.Settings(0.1, K, T, sync_unit="leapfrog", fresh_gradients=fresh)
             total = 0
             for r in range(1, 40):
                 assert s.evals_before(r) == total
@@ -248,10 +249,10 @@ def test_evaluation_counts_and_sample_rounds():
                 assert s.ends_trajectory(r) == ((r * T) % K == 0)
                 assert s.starts_mid_trajectory(r) == (((r - 1) * T) % K != 0)
     # Algorithm 3: T(K + 1) evaluations, 2TK with fresh gradients.
-    assert SamplerSettings(0.1, 4, 3).evals_in_round(5) == 15
-    assert SamplerSettings(0.1, 4, 3, fresh_gradients=True).evals_in_round(5) == 24
+    assert fahmc.Settings(0.1, 4, 3).evals_in_round(5) == 15
+    assert fahmc.Settings(0.1, 4, 3, fresh_gradients=True).evals_in_round(5) == 24
     # Restarts: a sample once per outer iteration of K rounds.
-    s = SamplerSettings(0.1, 4, 3, sync_unit="leapfrog", restart=True)
+    s = fahmc.Settings(0.1, 4, 3, sync_unit="leapfrog", restart=True)
     assert [r for r in range(1, 13) if s.ends_trajectory(r)] == [4, 8, 12]
 
 

@@ -15,8 +15,8 @@ import numpy as np
 import pytest
 import torch
 
+from fedhmc.algorithms import stale
 from fedhmc.algorithms.stale import (
-    StaleSettings,
     advance,
     chain_keys,
     delays,
@@ -34,7 +34,7 @@ def gaussian_grad(theta, step):
     return (theta - M) / V
 
 
-def exact_stationary_var(s: StaleSettings) -> float:
+def exact_stationary_var(s: stale.Settings) -> float:
     """Stationary variance of θ for the stale linear recursion on U = (θ − M)²/(2V)."""
     tau, h, B, a = s.staleness, s.step_size, s.friction, 1.0 / (V * s.temperature)
     n = tau + 2  # state (θ_l, θ_{l−1}, …, θ_{l−τ}, q_l)
@@ -58,7 +58,7 @@ def exact_stationary_var(s: StaleSettings) -> float:
     return float(sigma[0, 0])
 
 
-def run_chain(s: StaleSettings, steps: int, chains: int = 1000, dim: int = 4, seed: int = 0):
+def run_chain(s: stale.Settings, steps: int, chains: int = 1000, dim: int = 4, seed: int = 0):
     theta0 = torch.full((chains, dim), M, dtype=torch.float64)
     state = advance(init_state(theta0, s), gaussian_grad, steps, s, chain_keys(seed, chains))
     return state.theta.flatten()
@@ -68,7 +68,7 @@ def run_chain(s: StaleSettings, steps: int, chains: int = 1000, dim: int = 4, se
 @pytest.mark.parametrize("tau", [0, 5])
 def test_recovers_the_gaussian_posterior(method, tau):
     h = (0.02 if method == "sgld" else 0.1) / (1 + tau)  # staleness needs a smaller step
-    s = StaleSettings(method, h, friction=2.0, staleness=tau)
+    s = stale.Settings(method, h, friction=2.0, staleness=tau)
     s2 = exact_stationary_var(s)
     x = run_chain(s, 1500)
     n = x.numel()
@@ -82,9 +82,9 @@ def test_recovers_the_gaussian_posterior(method, tau):
 def test_check_fails_when_the_staleness_is_ignored():
     # Large τ at a step size where it matters: a sampler that used fresh gradients would
     # have the τ = 0 variance, which the τ = 10 law excludes.
-    stale = StaleSettings("sgld", 0.05, staleness=10)
-    fresh = StaleSettings("sgld", 0.05, staleness=0)
-    s2_stale, s2_fresh = exact_stationary_var(stale), exact_stationary_var(fresh)
+    stale_s = stale.Settings("sgld", 0.05, staleness=10)
+    fresh = stale.Settings("sgld", 0.05, staleness=0)
+    s2_stale, s2_fresh = exact_stationary_var(stale_s), exact_stationary_var(fresh)
     x = run_chain(fresh, 1500)
     n = x.numel()
     assert abs(float(x.var()) - s2_stale) > Z * s2_stale * math.sqrt(2 / (n - 1))
@@ -93,7 +93,7 @@ def test_check_fails_when_the_staleness_is_ignored():
 
 @pytest.mark.parametrize("method", ["sgld", "sghmc"])
 def test_zero_staleness_is_the_plain_sampler_exactly(method):
-    s = StaleSettings(method, 0.05, friction=3.0, temperature=0.7)
+    s = stale.Settings(method, 0.05, friction=3.0, temperature=0.7)
     S, D, steps = 3, 5, 20
     keys = chain_keys(4, S)
     theta0 = torch.randn(S, D, dtype=torch.float64)
@@ -115,7 +115,7 @@ def test_zero_staleness_is_the_plain_sampler_exactly(method):
 @pytest.mark.parametrize("dist", ["fixed", "uniform"])
 def test_each_gradient_is_taken_where_the_chain_was_tau_l_steps_before(dist):
     tau, steps = 3, 12
-    s = StaleSettings("sghmc", 0.1, friction=1.0, staleness=tau, staleness_dist=dist)
+    s = stale.Settings("sghmc", 0.1, friction=1.0, staleness=tau, staleness_dist=dist)
     keys = chain_keys(1, 2)
     seen = {}
 
@@ -144,7 +144,7 @@ def test_each_gradient_is_taken_where_the_chain_was_tau_l_steps_before(dist):
 
 
 def test_chunks_equal_one_run():
-    s = StaleSettings("sghmc", 0.05, friction=2.0, staleness=4, staleness_dist="uniform")
+    s = stale.Settings("sghmc", 0.05, friction=2.0, staleness=4, staleness_dist="uniform")
     keys = chain_keys(9, 3)
     start = init_state(torch.zeros(3, 2, dtype=torch.float64), s)
     once = advance(start, gaussian_grad, 25, s, keys)
@@ -165,7 +165,7 @@ def test_chunks_equal_one_run():
 )
 def test_bad_settings_give_one_line(kwargs, needle):
     with pytest.raises(ConfigError, match=needle) as e:
-        StaleSettings(**kwargs)
+        stale.Settings(**kwargs)
     assert "\n" not in str(e.value)
 
 

@@ -27,13 +27,13 @@ def test_every_algorithm_has_the_same_shape(module):
 
 
 def test_delayed_package_exports_its_algorithm():
-    assert delayed.DelayedSettings is delayed_sgld.Settings
+    assert delayed.Settings is delayed_sgld.Settings
 
 
 @pytest.mark.parametrize("sync_unit, T", [("iteration", 3), ("leapfrog", 7), ("leapfrog", 10)])
 def test_fahmc_step_is_run_round_with_the_carried_momentum(sync_unit, T):
     target = hetero_gaussian(num_clients=3, dim=4)
-    s = fahmc.SamplerSettings(
+    s = fahmc.Settings(
         step_size=0.1, leapfrog_steps=5, local_steps=T, rho=0.5, sync_unit=sync_unit
     )
     theta0 = torch.zeros(6, 4)
@@ -51,7 +51,7 @@ def test_fahmc_step_is_run_round_with_the_carried_momentum(sync_unit, T):
 
 def test_debiased_step_is_debiased_round():
     target = hetero_gaussian(num_clients=3, dim=4)
-    s = fahmc.SamplerSettings(step_size=0.1, leapfrog_steps=3, local_steps=4)
+    s = fahmc.Settings(step_size=0.1, leapfrog_steps=3, local_steps=4)
     state = debiased.init(torch.zeros(5, 4), s)
     theta, anchor = torch.zeros(5, 4), None
     for r in range(1, 4):
@@ -63,7 +63,7 @@ def test_debiased_step_is_debiased_round():
 
 def test_stale_step_is_advance():
     target = hetero_gaussian(num_clients=1, dim=3)
-    s = stale.StaleSettings("sghmc", 0.05, 1.0, staleness=2)
+    s = stale.Settings("sghmc", 0.05, 1.0, staleness=2)
     keys = stale.chain_keys(0, 4)
     grad = stale.target_grad_fn(target, keys)
     state = stale.init(torch.zeros(4, 3), s)
@@ -73,7 +73,7 @@ def test_stale_step_is_advance():
 
 
 def test_async_step_applies_fresh_and_drops_stale_gradients():
-    s = async_sgmcmc.AsyncSettings("sghmc", 0.01, max_staleness=1)
+    s = async_sgmcmc.Settings("sghmc", 0.01, max_staleness=1)
     key = stale.chain_keys(0, 1)
     noise_key = rng.derive(key.reshape(1), STREAM_STALE_NOISE)
     state = async_sgmcmc.init(torch.zeros(3), s)
@@ -114,7 +114,7 @@ def test_mhmc_step_rejects_bad_settings():
 
 def test_delayed_step_is_the_sync_chain():
     problem = delayed.make_regression(n=200, seed=0)
-    s = delayed.DelayedSettings(
+    s = delayed.Settings(
         mode="sync", workers=2, step_size=1e-5, iterations=6, chains=3, record_every=2
     ).validate()
     state = delayed_sgld.init(torch.zeros(3, problem.dim), s)

@@ -5,6 +5,7 @@ import math
 import pytest
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.core.integrators import leapfrog
 
 
@@ -94,15 +95,15 @@ def test_inputs_are_not_modified():
 # ------------------------------------------------------------------ energy-error estimate
 @pytest.mark.parametrize("fresh", [False, True])
 def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh):
-    """RoundInfo.energy_error (the health check's input) against H = f + |p|²/2 computed
+    """fahmc.Info.energy_error (the health check's input) against H = f + |p|²/2 computed
     directly. The start momentum is recovered by time reversal (leapfrog from (θ_K, −p_K)
     ends at (θ_0, −p_0)); on a quadratic energy the estimate is exact, so 1e-9."""
-    from fedhmc.algorithms.fahmc import SamplerSettings, client_seed, local_iterations, round_keys
+    from fedhmc.algorithms.fahmc import client_seed, local_iterations, round_keys
     from fedhmc.models.targets import GaussianTarget
 
     S, N, D, K = 3, 4, 5, 7
     target = GaussianTarget([3.0, -1.0, 0.5, 2.0], [0.5, 1.0, 2.0, 0.8], D, dtype=torch.float64)
-    settings = SamplerSettings(
+    settings = fahmc.Settings(
         step_size=0.4,  # near the stability limit of the stiffest client: large |ΔH|
         leapfrog_steps=K,
         local_steps=K,  # one whole trajectory per round

@@ -5,8 +5,8 @@ import math
 import pytest
 import torch
 
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import (
-    SamplerSettings,
     client_seed,
     client_update,
     round_seed,
@@ -96,7 +96,7 @@ def test_single_client_updates_equal_the_batched_engine(rho, model_name):
     parts = make_parts([9, 25, 16, 4], features=4, classes=3, dtype=torch.float32)
     model = LogisticRegression(4, 3) if model_name == "logistic" else MLP(4, 3, (5,))
     target = DataTarget(model, parts, batch_size=6, prior_std=1.0)
-    s = SamplerSettings(0.05, 3, 4, rho=rho, grad_noise=0.5, temperature=0.8)
+    s = fahmc.Settings(0.05, 3, 4, rho=rho, grad_noise=0.5, temperature=0.8)
     gen = torch.Generator().manual_seed(3)
     theta_bar = 0.1 * torch.randn(2, model.dim, generator=gen)
     seed = 11
@@ -115,7 +115,7 @@ def test_single_client_updates_equal_the_batched_engine(rho, model_name):
 
 def test_gaussian_single_client_equals_batched():
     target = hetero_gaussian(4, 3, dtype=torch.float64)
-    s = SamplerSettings(0.05, 5, 3, rho=0.3, grad_noise=1.0)
+    s = fahmc.Settings(0.05, 5, 3, rho=0.3, grad_noise=1.0)
     theta_bar = torch.zeros(3, 3, dtype=torch.float64)
     batched, _ = run_round(target, theta_bar, 5, 1, s)
     ones = [

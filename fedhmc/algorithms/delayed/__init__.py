@@ -47,7 +47,7 @@ from fedhmc.algorithms.delayed.problem import Regression, hessian_eigs, make_reg
 from fedhmc.algorithms.delayed.sgld import (
     MODES,
     START_METHODS,
-    DelayedSettings,
+    Settings,
     increment,
     sequential_reference,
 )
@@ -57,8 +57,8 @@ __all__ = [
     "MODES",
     "START_METHODS",
     "DelayedResult",
-    "DelayedSettings",
     "Regression",
+    "Settings",
     "WorkerError",
     "hessian_eigs",
     "increment",

@@ -12,8 +12,8 @@ from dataclasses import asdict, dataclass, field
 
 import torch
 
+from fedhmc.algorithms import delayed
 from fedhmc.algorithms.delayed.problem import Regression
-from fedhmc.algorithms.delayed.sgld import DelayedSettings
 from fedhmc.algorithms.delayed.workers import WorkerError, _worker
 from fedhmc.errors import ConfigError, NonFiniteError
 
@@ -27,7 +27,7 @@ class DelayedResult:
     is the time from the start barrier to the last worker's last update; ``pids`` are the
     workers' process ids (all joined when the result is returned)."""
 
-    settings: DelayedSettings
+    settings: delayed.Settings
     snapshots: torch.Tensor
     updates: torch.Tensor
     wall_s: torch.Tensor
@@ -52,7 +52,7 @@ class DelayedResult:
 
 def run_delayed(
     problem: Regression,
-    settings: DelayedSettings,
+    settings: delayed.Settings,
     x0: torch.Tensor | None = None,
     *,
     progress: bool = False,

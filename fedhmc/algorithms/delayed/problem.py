@@ -4,6 +4,7 @@ coefficient vector, Gaussian noise and prior, so a Gaussian posterior in closed 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -25,6 +26,25 @@ class Regression:
     coef: torch.Tensor
     noise_var: float
     prior_std: float
+    batch_size: int = 0
+    """Minibatch size of ``grad`` (0 or ≥ n: the full data), drawn with replacement."""
+
+    num_clients = 1
+
+    @property
+    def weights(self) -> torch.Tensor:
+        return torch.ones(1, dtype=torch.float64)
+
+    def with_batch_size(self, batch_size: int) -> Regression:
+        """The same problem, its ``grad`` at another minibatch size."""
+        return dataclasses.replace(self, batch_size=int(batch_size))
+
+    def grad(self, theta, keys, index, need_energy=True):
+        """The gradient oracle: ∇Ũ at positions (R, 1, d), chain r's minibatch of
+        evaluation ``index`` drawn from ``keys[r]``; no energies."""
+        from fedhmc.algorithms.delayed.sgld import gradient
+
+        return gradient(self, theta[:, 0], keys[:, 0], index, self.batch_size).unsqueeze(1), None
 
     @property
     def n(self) -> int:

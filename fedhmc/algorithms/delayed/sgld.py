@@ -22,7 +22,7 @@ START_METHODS = ("spawn", "fork", "forkserver")
 
 
 @dataclass(frozen=True)
-class DelayedSettings:
+class Settings:
     """Settings of a shared-memory delayed SGLD run.
 
     Attributes
@@ -72,7 +72,7 @@ class DelayedSettings:
     fail_at: tuple[int, int] | None = field(default=None, repr=False)
     hang_at: tuple[int, int] | None = field(default=None, repr=False)
 
-    def validate(self) -> DelayedSettings:
+    def validate(self) -> Settings:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         for name in ("workers", "iterations", "record_every"):
@@ -130,7 +130,7 @@ def gradient(
 
 def increment(
     problem: Regression,
-    s: DelayedSettings,
+    s: Settings,
     x: torch.Tensor,
     noise_keys: torch.Tensor,
     batch_keys: torch.Tensor,
@@ -143,7 +143,7 @@ def increment(
 
 
 def sequential_reference(
-    problem: Regression, settings: DelayedSettings, x0: torch.Tensor | None = None
+    problem: Regression, settings: Settings, x0: torch.Tensor | None = None
 ) -> torch.Tensor:
     """The ``sync`` chain computed in this process, as a plain loop: snapshots (C + 1, R, d).
 
@@ -152,25 +152,22 @@ def sequential_reference(
     s = settings.validate()
     R, d = s.chains, problem.dim
     x = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
-    state = State(x, 0)
+    state = init(x, s)
     snaps = [x.clone()]
     for _ in range(s.iterations):
-        state, _ = step(state, problem, s)
-        if state.iteration % s.record_every == 0:
+        state, _ = step(s.seed, state, problem, s)
+        if state.step % s.record_every == 0:
             snaps.append(state.position.clone())
     return torch.stack(snaps)
 
 
 # ------------------------------------------------------------------ the algorithm API
-Settings = DelayedSettings
-
-
 @dataclass(frozen=True)
 class State:
-    """The R chains X (R, d) after ``iteration`` synchronous iterations."""
+    """The R chains X (R, d) after ``step`` synchronous iterations."""
 
     position: torch.Tensor
-    iteration: int = 0
+    step: int = 0
 
 
 @dataclass(frozen=True)
@@ -179,30 +176,34 @@ class Info:
 
     increments: torch.Tensor
 
+    @property
+    def grad_evals(self) -> int:
+        return int(self.increments.shape[0] * self.increments.shape[1])
 
-def init(position: torch.Tensor, settings: DelayedSettings) -> State:
+    @property
+    def finite(self) -> bool:
+        return bool(torch.isfinite(self.increments).all())
+
+
+def init(position: torch.Tensor, settings: Settings) -> State:
     """The chains at ``position`` (R, d), in float64."""
     return State(position.clone().to(torch.float64), 0)
 
 
-def step(state: State, problem: Regression, settings: DelayedSettings) -> tuple[State, Info]:
+def step(key: int, state: State, target: Regression, settings: Settings) -> tuple[State, Info]:
     """One ``sync`` iteration, in this process: X ← X + Σ_p (−γ ∇Ũ_p(X) + √(2σγ) G_{p,k}),
-    every worker p reading the same X with its own keys; the multi-process driver
-    (:func:`fedhmc.algorithms.delayed.driver.run_delayed`) computes the same chain in
-    ``sync`` mode."""
-    s, R, k = settings, state.position.shape[0], state.iteration
+    every worker p reading the same X with its own keys derived from ``key`` (the run
+    seed). ``target`` is the regression problem, a gradient oracle whose minibatches are
+    drawn with replacement. The multi-process driver (``run_delayed``) computes the same
+    chain in ``sync`` mode."""
+    s, R, k = settings, state.position.shape[0], state.step
     x = state.position
-    deltas = torch.stack(
-        [
-            increment(
-                problem,
-                s,
-                x,
-                _keys(s.seed, STREAM_DELAYED_NOISE, p, R),
-                _keys(s.seed, STREAM_DELAYED_BATCH, p, R),
-                k,
-            )
-            for p in range(s.workers)
-        ]
-    )
+    oracle = target.with_batch_size(s.batch_size)
+    deltas = []
+    for p in range(s.workers):
+        batch_keys = _keys(key, STREAM_DELAYED_BATCH, p, R)
+        g, _ = oracle.grad(x.unsqueeze(1), batch_keys.view(-1, 1), k, False)
+        noise = rng.normal(_keys(key, STREAM_DELAYED_NOISE, p, R), k, target.dim, torch.float64)
+        deltas.append(-s.step_size * g[:, 0] + math.sqrt(2.0 * s.temperature * s.step_size) * noise)
+    deltas = torch.stack(deltas)
     return State(x + deltas.sum(0), k + 1), Info(deltas)

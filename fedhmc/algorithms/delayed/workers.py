@@ -9,9 +9,9 @@ import time
 
 import torch
 
+from fedhmc.algorithms import delayed
 from fedhmc.algorithms.delayed.problem import Regression
 from fedhmc.algorithms.delayed.sgld import (
-    DelayedSettings,
     _keys,
     increment,
 )
@@ -23,7 +23,7 @@ class WorkerError(FedHMCError, RuntimeError):
     """A worker process failed or the run timed out; every worker was stopped."""
 
 
-def _worker(p: int, s: DelayedSettings, problem: Regression, sh: dict) -> None:
+def _worker(p: int, s: delayed.Settings, problem: Regression, sh: dict) -> None:
     """Worker process p. ``sh`` holds the shared tensors and synchronisation objects."""
     import sys
 
@@ -58,7 +58,7 @@ def _acquire(lock, timeout: float) -> None:
         raise TimeoutError(f"could not take the lock within {timeout:g} s")
 
 
-def _worker_loop(p: int, s: DelayedSettings, problem: Regression, sh: dict) -> None:
+def _worker_loop(p: int, s: delayed.Settings, problem: Regression, sh: dict) -> None:
     P, R, rec, tmo = s.workers, s.chains, s.record_every, s.timeout
     X, counts, hist = sh["X"], sh["counts"], sh["hist"]
     H, times, ups = sh["H"], sh["times"], sh["ups"]
