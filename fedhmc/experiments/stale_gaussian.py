@@ -33,7 +33,8 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     preset runs stale SGHMC with friction B = 2√(n + 1) (critical damping of the
     posterior's curvature) and reports what it finds.
     """
-    from fedhmc.algorithms.stale import advance, chain_keys, init_state
+    from fedhmc.algorithms.oracles import from_grad
+    from fedhmc.algorithms.stale import chain_keys
     from fedhmc.core import rng
 
     n, batch, C, L0 = 1000, 10, 1.0 / 30.0, 500
@@ -53,12 +54,13 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         idx = torch.clamp((u * n).to(torch.int64), max=n - 1)
         return (n / batch) * (theta - data[idx]).sum(-1, keepdim=True) + theta
 
+    oracle = from_grad(grad)
     rows, curves = [], {}
     for tau in track(taus, "staleness", "τ"):
         L = L0 * tau
         h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
         settings = stale.Settings("sghmc", h, friction=friction, staleness=tau)
-        state = init_state(torch.zeros(chains, 1, dtype=torch.float64), settings)
+        state = stale.init(torch.zeros(chains, 1, dtype=torch.float64), settings)
         total = torch.zeros(chains, dtype=torch.float64)
         checkpoints, mse_curve = [], []
         chunk = max(1, L // 50)
@@ -67,8 +69,8 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         while done < L:
             k = min(chunk, L - done)
             for _ in range(k):
-                state = advance(state, grad, 1, settings, keys)
-                total += state.theta[:, 0].square()
+                state, _ = stale.step(seed, state, oracle, settings)
+                total += state.position[:, 0].square()
             done += k
             est = total / done
             checkpoints.append(done)

@@ -10,7 +10,6 @@ import pytest
 import torch
 
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import run_round
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary, fahmc_gaussian_transient
 from fedhmc.cli.main import main
 from fedhmc.models.targets import hetero_gaussian
@@ -26,10 +25,10 @@ def test_transient_law_tends_to_the_stationary_law_and_matches_the_sampler():
     assert ms[-1] == pytest_approx(m) and vs[-1] == pytest_approx(v)
     # The sampler, from θ̄_0 = 2, follows the exact per-round mean and variance.
     chains, s = 2000, fahmc.Settings(0.05, 5, 4, rho=0.5, grad_noise=1.0)
-    theta = torch.full((chains, 3), 2.0, dtype=torch.float64)
+    state = fahmc.init(torch.full((chains, 3), 2.0, dtype=torch.float64), s)
     for r in range(1, 6):
-        theta, _ = run_round(target, theta, 0, r, s)
-        x = theta.flatten()
+        state, _ = fahmc.step(0, state, target, s)
+        x = state.position.flatten()
         assert abs(float(x.mean()) - ms[r - 1]) < Z * math.sqrt(vs[r - 1] / x.numel())
         assert abs(float(x.var()) - vs[r - 1]) < Z * vs[r - 1] * math.sqrt(2 / (x.numel() - 1))
 

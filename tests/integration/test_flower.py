@@ -19,6 +19,7 @@ from fedhmc_clients.compute import COLOCATED_KEY
 from fedhmc_server.loop import serve
 from flwr.app import Array, ArrayRecord, Message, MetricRecord, RecordDict
 
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply
 from fedhmc.errors import FedHMCError
@@ -107,14 +108,15 @@ def test_colocated_rows_are_each_clients_own_round(tmp_path):
     target = build_problem(cfg).target
     theta_bar = np.random.default_rng(0).normal(size=(2, target.dim)).astype(np.float32)
     config = wire.encode_round(cfg, 2, target.num_total)
+    arrays = {"theta": theta_bar}
     for pid in (2, 0, 3):  # any order: the first message computes the round for all
-        got = colocated_update(cfg, pid, theta_bar, config)
-        want = local_update(cfg, pid, theta_bar, config, None)
-        np.testing.assert_allclose(got[0], want[0], rtol=1e-5, atol=1e-6)
-        assert got[1] == want[1]
-        assert got[2] == pytest.approx(want[2], rel=1e-5)
+        got = colocated_update(cfg, pid, config, arrays)
+        want = local_update(cfg, pid, config, arrays, None)
+        np.testing.assert_allclose(got["theta"], want["theta"], rtol=1e-5, atol=1e-6)
+        assert got["num-examples"] == want["num-examples"]
+        assert got["energy"] == pytest.approx(want["energy"], rel=1e-5)
     # a message of another round seed is not the run's: the caller computes alone
-    assert colocated_update(cfg, 0, theta_bar, {**config, "round-seed": 12345}) is None
+    assert colocated_update(cfg, 0, {**config, "round-seed": 12345}, arrays) is None
 
 
 @pytest.mark.parametrize("anchor_batch", [0, 8])
@@ -225,10 +227,11 @@ def test_client_that_raises_is_dropped_and_the_round_uses_the_others(tmp_path):
     full = cfg.resolve()
     target = build_problem(full).target
     s = sampler_settings(full)
+    message = fahmc.Broadcast(2, round_seed(full.seed, 2), theta1)
     ups = {
         c: client_update(
-            target.client(c), theta1, round_seed(full.seed, 2), client_seed(full.seed, c), 2, s
-        )[0]
+            message, target.client(c), s, torch.tensor([client_seed(full.seed, c)])
+        ).position[:, 0]
         for c in (0, 2, 3)
     }
     w = {c: float(target.counts[c]) for c in ups}

@@ -9,6 +9,7 @@ independent, so the n = S·d values of the last round are n independent draws; t
 are Z = 5 Monte Carlo standard errors, √(var/n) for the mean.
 """
 
+import dataclasses
 import json
 import math
 
@@ -16,8 +17,7 @@ import pytest
 import torch
 
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.debiased import Anchor, debiased_round
-from fedhmc.algorithms.fahmc import run_round
+from fedhmc.algorithms import debiased as debiased_fahmc
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
 from fedhmc.models.targets import hetero_gaussian
 from fedhmc.runtime.config import RunConfig
@@ -36,19 +36,18 @@ def law(target, debiased):
 
 def last_round(target, debiased, correct=True):
     """θ̄ after enough rounds to forget the start; ``correct=False`` drops the correction."""
-    settings = fahmc.Settings(ETA, K, T, rho=1.0)
+    algorithm = debiased_fahmc if debiased else fahmc
+    settings = algorithm.Settings(ETA, K, T, rho=1.0)
     _, _, radius = law(target, debiased)
     rounds = int(math.ceil(math.log(1e-6 / 20) / math.log(radius)))
-    theta = torch.zeros(CHAINS, DIM, dtype=torch.float64)
-    anchor = None
-    for r in range(1, rounds + 1):
-        if debiased:
-            theta, anchor, _ = debiased_round(target, target, theta, anchor, 0, r, settings)
-            if not correct:
-                anchor = Anchor(torch.zeros_like(anchor.correction))
-        else:
-            theta, _ = run_round(target, theta, 0, r, settings)
-    return theta.flatten()
+    state = algorithm.init(torch.zeros(CHAINS, DIM, dtype=torch.float64), settings)
+    for _ in range(rounds):
+        state, _ = algorithm.step(0, state, target, settings)
+        if debiased and not correct:  # a control variate of zero: ∇f(θ_a) = ∇f^(c)(θ_a)
+            local = state.anchor_local
+            zero = torch.zeros_like(local[:, 0])
+            state = dataclasses.replace(state, anchor_grad=zero, anchor_local=0 * local)
+    return state.position.flatten()
 
 
 def test_the_laws_plain_is_biased_and_debiased_is_not():
@@ -83,18 +82,19 @@ def test_check_fails_when_the_correction_is_switched_off():
 
 def test_round_one_is_plain_fahmc_and_later_rounds_are_not():
     target = hetero_gaussian(4, 3, dtype=torch.float64)
-    s = fahmc.Settings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
+    s = debiased_fahmc.Settings(0.05, 3, 4, rho=0.5, grad_noise=1.0)
     theta = torch.randn(2, 3, dtype=torch.float64)
-    plain, info_p = run_round(target, theta, 7, 1, s)
-    deb, anchor, info_d = debiased_round(target, target, theta, None, 7, 1, s)
-    torch.testing.assert_close(deb, plain, rtol=0, atol=0)
+    plain, info_p = fahmc.step(7, fahmc.init(theta, s), target, s)
+    deb, info_d = debiased_fahmc.step(7, debiased_fahmc.init(theta, s), target, s)
+    torch.testing.assert_close(deb.position, plain.position, rtol=0, atol=0)
     assert info_d.grad_evals == info_p.grad_evals + 2 * 4  # one anchor gradient per client
     # The control variates average to zero over clients (Σ w_c (∇f − ∇f^(c)) = 0).
     w = target.weights.view(1, -1, 1)
-    assert float((anchor.correction * w).sum(1).abs().max()) < 1e-12
-    plain2, _ = run_round(target, plain, 7, 2, s)
-    deb2, _, _ = debiased_round(target, target, deb, anchor, 7, 2, s)
-    assert not torch.allclose(deb2, plain2)
+    correction = deb.anchor_grad.unsqueeze(1) - deb.anchor_local
+    assert float((correction * w).sum(1).abs().max()) < 1e-12
+    plain2, _ = fahmc.step(7, plain, target, s)
+    deb2, _ = debiased_fahmc.step(7, deb, target, s)
+    assert not torch.allclose(deb2.position, plain2.position)
 
 
 @pytest.mark.parametrize("anchor_batch", [0, 16])

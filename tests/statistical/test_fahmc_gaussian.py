@@ -26,7 +26,6 @@ from fedhmc.algorithms.fahmc import (
     local_iterations,
     round_keys,
     round_seed,
-    run_round,
 )
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
 from fedhmc.core.aggregate import weighted_average
@@ -46,7 +45,7 @@ def run_chains(target, settings, rounds, seed=0, average_weights=None):
     for r in range(1, rounds + 1):
         shared, private = round_keys(round_seed(seed, r), seeds, r, chains)
         theta = theta_bar.unsqueeze(1).expand(CHAINS, N, DIM)
-        theta, _ = local_iterations(target, theta, shared, private, settings)
+        theta = local_iterations(target, theta, shared, private, settings).position
         theta_bar = weighted_average(theta, w)
     return theta_bar.flatten()
 
@@ -139,7 +138,7 @@ def test_engine_round_equals_the_assembled_pieces():
     theta_bar = torch.zeros(2, 3, dtype=torch.float64)
     seeds = torch.tensor([client_seed(7, c) for c in range(4)])
     shared, private = round_keys(round_seed(7, 1), seeds, 1, torch.arange(2))
-    theta, _ = local_iterations(target, theta_bar.unsqueeze(1).expand(2, 4, 3), shared, private, s)
-    got, info = run_round(target, theta_bar, 7, 1, s)
-    torch.testing.assert_close(got, weighted_average(theta, target.weights))
+    theta = local_iterations(target, theta_bar.unsqueeze(1).expand(2, 4, 3), shared, private, s)
+    got, info = fahmc.step(7, fahmc.init(theta_bar, s), target, s)
+    torch.testing.assert_close(got.position, weighted_average(theta.position, target.weights))
     assert info.grad_evals == 4 * (3 + 1) * 2 * 4

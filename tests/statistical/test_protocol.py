@@ -16,13 +16,14 @@ written here, independently of the sampler's code.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
 import torch
 
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import data_keys, run_round
+from fedhmc.algorithms.fahmc import data_keys
 from fedhmc.core import rng
 from fedhmc.models.nets import LogisticRegression
 from fedhmc.models.targets import DataTarget, hetero_gaussian
@@ -163,15 +164,11 @@ def test_leapfrog_sync_matches_the_exact_stationary_law(T, K, rho, noise, fresh)
     # sample time (a multiple of lcm(T, K) leapfrog steps).
     period = K * T // math.gcd(K, T) // T
     rounds = max(period, math.ceil(steps / T / period) * period)
-    theta = torch.zeros(CHAINS, DIM, dtype=torch.float64)
-    momentum = None
-    for r in range(1, rounds + 1):
-        theta, info = run_round(
-            target, theta, 7, r, s, momentum=momentum if s.starts_mid_trajectory(r) else None
-        )
-        momentum = info.momentum
+    state = fahmc.init(torch.zeros(CHAINS, DIM, dtype=torch.float64), s)
+    for _ in range(rounds):
+        state, _ = fahmc.step(7, state, target, s)
     assert s.ends_trajectory(rounds)
-    ok, detail = within(theta.flatten(), mean, var)
+    ok, detail = within(state.position.flatten(), mean, var)
     assert ok, (mean, var, detail)
     # The law is the protocol's own: it differs from Algorithm 3's and from the posterior.
     post = target.posterior()
@@ -196,10 +193,11 @@ def test_the_exact_reference_is_sharp_enough_to_fail():
     theta, rounds = torch.zeros(CHAINS, DIM, dtype=torch.float64), 3 * math.ceil(steps / 15)
     # Drop the averaged momentum: every client keeps its own (here: the average is never
     # passed back, so a mid-trajectory round restarts from a zero momentum instead).
-    for r in range(1, rounds + 1):
-        zero = torch.zeros_like(theta)
-        theta, _ = run_round(target, theta, 7, r, s, momentum=zero)
-    ok, _ = within(theta.flatten(), mean, var)
+    state = fahmc.init(theta, s)
+    for _ in range(rounds):
+        state = dataclasses.replace(state, momentum=torch.zeros_like(theta))
+        state, _ = fahmc.step(7, state, target, s)
+    ok, _ = within(state.position.flatten(), mean, var)
     assert not ok
 
 

@@ -9,6 +9,7 @@ tolerances are Z = 5 of them. Against the posterior N(m, v) the extra tolerance 
 derived discretisation bias |s² − v|.
 """
 
+import dataclasses
 import math
 
 import numpy as np
@@ -16,12 +17,8 @@ import pytest
 import torch
 
 from fedhmc.algorithms import stale
-from fedhmc.algorithms.stale import (
-    advance,
-    chain_keys,
-    delays,
-    init_state,
-)
+from fedhmc.algorithms.oracles import from_grad
+from fedhmc.algorithms.stale import chain_keys, delays
 from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
@@ -32,6 +29,11 @@ M, V = 2.0, 0.5
 
 def gaussian_grad(theta, step):
     return (theta - M) / V
+
+
+def advance(state, grad, steps, s, seed):
+    """``steps`` steps of the chain through the algorithm interface."""
+    return stale.step(seed, state, from_grad(grad), dataclasses.replace(s, steps=steps))[0]
 
 
 def exact_stationary_var(s: stale.Settings) -> float:
@@ -60,8 +62,8 @@ def exact_stationary_var(s: stale.Settings) -> float:
 
 def run_chain(s: stale.Settings, steps: int, chains: int = 1000, dim: int = 4, seed: int = 0):
     theta0 = torch.full((chains, dim), M, dtype=torch.float64)
-    state = advance(init_state(theta0, s), gaussian_grad, steps, s, chain_keys(seed, chains))
-    return state.theta.flatten()
+    state = advance(stale.init(theta0, s), gaussian_grad, steps, s, seed)
+    return state.position.flatten()
 
 
 @pytest.mark.parametrize("method", ["sgld", "sghmc"])
@@ -97,7 +99,7 @@ def test_zero_staleness_is_the_plain_sampler_exactly(method):
     S, D, steps = 3, 5, 20
     keys = chain_keys(4, S)
     theta0 = torch.randn(S, D, dtype=torch.float64)
-    got = advance(init_state(theta0, s), gaussian_grad, steps, s, keys).theta
+    got = advance(stale.init(theta0, s), gaussian_grad, steps, s, 4).position
     # Plain SGHMC / SGLD written out directly.
     theta, q = theta0.clone(), torch.zeros_like(theta0)
     nk = rng.derive(keys, STREAM_STALE_NOISE)
@@ -123,11 +125,11 @@ def test_each_gradient_is_taken_where_the_chain_was_tau_l_steps_before(dist):
         seen[step] = theta.clone()
         return gaussian_grad(theta, step)
 
-    state = init_state(torch.randn(2, 3, dtype=torch.float64), s)
-    positions = [state.theta.clone()]
+    state = stale.init(torch.randn(2, 3, dtype=torch.float64), s)
+    positions = [state.position.clone()]
     for _ in range(steps):  # one step at a time, to record every position
-        state = advance(state, recording_grad, 1, s, keys)
-        positions.append(state.theta.clone())
+        state = advance(state, recording_grad, 1, s, 1)
+        positions.append(state.position.clone())
     used = set()
     for step in range(steps):
         tau_l = delays(keys, step, s)
@@ -145,11 +147,10 @@ def test_each_gradient_is_taken_where_the_chain_was_tau_l_steps_before(dist):
 
 def test_chunks_equal_one_run():
     s = stale.Settings("sghmc", 0.05, friction=2.0, staleness=4, staleness_dist="uniform")
-    keys = chain_keys(9, 3)
-    start = init_state(torch.zeros(3, 2, dtype=torch.float64), s)
-    once = advance(start, gaussian_grad, 25, s, keys)
-    twice = advance(advance(start, gaussian_grad, 10, s, keys), gaussian_grad, 15, s, keys)
-    assert torch.equal(once.theta, twice.theta) and once.step == twice.step == 25
+    start = stale.init(torch.zeros(3, 2, dtype=torch.float64), s)
+    once = advance(start, gaussian_grad, 25, s, 9)
+    twice = advance(advance(start, gaussian_grad, 10, s, 9), gaussian_grad, 15, s, 9)
+    assert torch.equal(once.position, twice.position) and once.step == twice.step == 25
 
 
 @pytest.mark.parametrize(

@@ -1,19 +1,20 @@
-"""Every algorithm has the same shape: Settings, State, Info, init and step, and step gives
-the numbers of the algorithm's established entry points."""
+"""Every algorithm has the same interface: Settings, State and Info dataclasses (State and
+Info immutable), ``init(position, settings)`` and ``step(key, state, target, settings)``;
+the federated ones compose ``step`` from ``broadcast``, ``client_update`` and
+``server_update``; and every State survives a checkpoint field by field."""
 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import pytest
 import torch
 
-from fedhmc.algorithms import async_sgmcmc, debiased, delayed, fahmc, mhmc, stale
+from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, mhmc, oracles, stale
+from fedhmc.algorithms.delayed import make_regression, sequential_reference
 from fedhmc.algorithms.delayed import sgld as delayed_sgld
-from fedhmc.core import rng
-from fedhmc.core.streams import STREAM_STALE_NOISE
 from fedhmc.models.targets import hetero_gaussian
+from fedhmc.runtime import checkpoint
 
 MODULES = [fahmc, debiased, stale, async_sgmcmc, mhmc, delayed_sgld]
 
@@ -22,113 +23,110 @@ MODULES = [fahmc, debiased, stale, async_sgmcmc, mhmc, delayed_sgld]
 def test_every_algorithm_has_the_same_shape(module):
     for name in ("Settings", "State", "Info", "init", "step"):
         assert hasattr(module, name), f"{module.__name__} lacks {name}"
-    assert dataclasses.is_dataclass(module.State)
-    assert callable(module.init) and callable(module.step)
+    for cls in (module.State, module.Info):
+        assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
+    names = [f.name for f in dataclasses.fields(module.State)]
+    assert names[0] == "position" and ("round" in names or "step" in names), names
 
 
-def test_delayed_package_exports_its_algorithm():
-    assert delayed.Settings is delayed_sgld.Settings
+@pytest.mark.parametrize("module", [fahmc, debiased], ids=lambda m: m.__name__)
+@pytest.mark.parametrize("sync_unit, T", [("iteration", 3), ("leapfrog", 7)])
+def test_step_is_broadcast_client_updates_and_server_update(module, sync_unit, T):
+    """Each client alone (a Flower client) computes its row of the batched round, and the
+    server's update of the stacked rows is the engine's step."""
+    if module is debiased and sync_unit == "leapfrog":
+        pytest.skip("debiased FA-HMC runs Algorithm 3's rounds only")
+    target = hetero_gaussian(num_clients=3, dim=4, dtype=torch.float64)
+    s = module.Settings(step_size=0.1, leapfrog_steps=5, local_steps=T, rho=0.5,
+                        sync_unit=sync_unit)  # fmt: skip
+    state = ref = module.init(torch.zeros(6, 4, dtype=torch.float64), s)
+    for _ in range(4):
+        ref, _ = module.step(3, ref, target, s)
+        message = module.broadcast(3, state, s)
+        ups = []
+        for c in range(3):
+            seeds = fahmc.client_seeds(3, [c])
+            kw = {} if module is fahmc else {"anchor_local": None}  # recomputed
+            ups.append(module.client_update(message, target.client(c), s, seeds, **kw))
+        state, info = module.server_update(state, fahmc.stack_updates(ups), target.weights, s)
+        torch.testing.assert_close(state.position, ref.position, rtol=1e-12, atol=1e-12)
+        assert info.clients == 3
+    assert state.round == 4
 
 
-@pytest.mark.parametrize("sync_unit, T", [("iteration", 3), ("leapfrog", 7), ("leapfrog", 10)])
-def test_fahmc_step_is_run_round_with_the_carried_momentum(sync_unit, T):
-    target = hetero_gaussian(num_clients=3, dim=4)
-    s = fahmc.Settings(
-        step_size=0.1, leapfrog_steps=5, local_steps=T, rho=0.5, sync_unit=sync_unit
-    )
-    theta0 = torch.zeros(6, 4)
-    state = fahmc.init(theta0, s)
-    theta, momentum = theta0, None
-    for r in range(1, 6):
-        state, info = fahmc.step(state, target, s, seed=3)
-        m = momentum if s.starts_mid_trajectory(r) else None
-        theta, ref = fahmc.run_round(target, theta, 3, r, s, momentum=m)
-        momentum = ref.momentum
-        assert state.round == r
-        assert torch.equal(state.position, theta)
-    assert (state.momentum is None) == (sync_unit == "iteration")
+@pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
+def test_every_state_survives_a_checkpoint(module, tmp_path):
+    x = torch.randn(3, 2, dtype=torch.float64)
+    if module is fahmc or module is debiased:
+        s = module.Settings(0.1, 2, 2)
+        state, _ = module.step(0, module.init(x, s), hetero_gaussian(2, 2, torch.float64), s)
+        state, _ = module.step(0, state, hetero_gaussian(2, 2, torch.float64), s)
+    elif module is stale:
+        s = stale.Settings("sghmc", 0.1, staleness=2, steps=3)
+        state, _ = stale.step(0, stale.init(x, s), oracles.from_grad(lambda t, i: t), s)
+    elif module is async_sgmcmc:
+        s = async_sgmcmc.Settings("sghmc", 0.1)
+        state, _ = module.step(0, module.init(x[0], s), oracles.Received(x[1]), s)
+    elif module is mhmc:
+        s = mhmc.Settings(0.1, 3)
+        oracle = oracles.from_energy(lambda t: (0.5 * t.square().sum(-1), t))
+        state, _ = mhmc.step(0, mhmc.init(x, s), oracle, s)
+    else:
+        problem = make_regression(n=20, seed=0)
+        s = delayed_sgld.Settings(chains=3, batch_size=4).validate()
+        state, _ = module.step(0, module.init(torch.zeros(3, problem.dim), s), problem, s)
+    checkpoint.save(tmp_path, {"round": 1, "backend": checkpoint.state_dict(state)})
+    saved, _ = checkpoint.load(tmp_path)
+    back = checkpoint.state_from_dict(saved["backend"], type(state))
+    for f in dataclasses.fields(state):
+        a, b = getattr(state, f.name), getattr(back, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
 
 
-def test_debiased_step_is_debiased_round():
-    target = hetero_gaussian(num_clients=3, dim=4)
-    s = fahmc.Settings(step_size=0.1, leapfrog_steps=3, local_steps=4)
-    state = debiased.init(torch.zeros(5, 4), s)
-    theta, anchor = torch.zeros(5, 4), None
-    for r in range(1, 4):
-        state, _ = debiased.step(state, target, s, seed=1)
-        theta, anchor, _ = debiased.debiased_round(target, target, theta, anchor, 1, r, s)
-        assert torch.equal(state.position, theta)
-        assert torch.equal(state.anchor.correction, anchor.correction)
+def test_a_checkpoint_of_another_state_is_refused():
+    saved = checkpoint.state_dict(fahmc.init(torch.zeros(1, 1), fahmc.Settings(0.1, 1, 1)))
+    with pytest.raises(Exception, match="needs fedhmc.algorithms.stale.State"):
+        checkpoint.state_from_dict(saved, stale.State)
 
 
-def test_stale_step_is_advance():
-    target = hetero_gaussian(num_clients=1, dim=3)
-    s = stale.Settings("sghmc", 0.05, 1.0, staleness=2)
-    keys = stale.chain_keys(0, 4)
-    grad = stale.target_grad_fn(target, keys)
-    state = stale.init(torch.zeros(4, 3), s)
-    new, info = stale.step(state, grad, s, keys=keys, num_steps=7)
-    ref = stale.advance(stale.init_state(torch.zeros(4, 3), s), grad, 7, s, keys)
-    assert torch.equal(new.theta, ref.theta) and new.step == 7 and info.steps == 7 and info.finite
-
-
-def test_async_step_applies_fresh_and_drops_stale_gradients():
+def test_async_chain_applies_fresh_and_drops_stale_gradients_through_step():
     s = async_sgmcmc.Settings("sghmc", 0.01, max_staleness=1)
-    key = stale.chain_keys(0, 1)
-    noise_key = rng.derive(key.reshape(1), STREAM_STALE_NOISE)
     state = async_sgmcmc.init(torch.zeros(3), s)
-    chain = async_sgmcmc.AsyncChain(torch.zeros(3), s, key)
+    chain = async_sgmcmc.AsyncChain(torch.zeros(3), s, 0, 0)
     g = torch.ones(3)
     for sent in (0, 1, 1):
-        state, info = async_sgmcmc.step(state, g, s, noise_key=noise_key, sent_t=sent)
+        state, info = async_sgmcmc.step(0, state, oracles.Received(g, sent), s)
         assert info.applied == chain.receive(0, g, sent)
-        assert torch.equal(state.theta, chain.theta) and state.t == chain.t
-    state2, info = async_sgmcmc.step(state, g, s, noise_key=noise_key, sent_t=0)
+        assert torch.equal(state.position, chain.theta) and state.step == chain.t
+    state2, info = async_sgmcmc.step(0, state, oracles.Received(g, 0), s)
     assert not info.applied and info.staleness == 3 and state2 is state
 
 
-def test_mhmc_step_leaves_a_gaussian_invariant():
-    """Chains started exactly at N(0, I) stay there: after 10 transitions the mean and
-    variance of S = 4000 chains are within 5 Monte Carlo standard errors."""
-    S, D = 4000, 2
-
-    def energy_grad(theta):
-        return 0.5 * theta.square().sum(-1), theta
-
-    x0 = torch.randn(S, D, generator=torch.Generator().manual_seed(0), dtype=torch.float64)
-    state = mhmc.init(x0, energy_grad)
-    settings = mhmc.Settings(step_size=0.5, leapfrog_steps=4)
-    for _ in range(10):
-        state, info = mhmc.step(state, energy_grad, settings, seed=2)
-    assert state.iteration == 10
-    assert float(info.accept_prob.mean()) > 0.8
-    x = state.position
-    assert x.mean(0).abs().max() < 5 / math.sqrt(S)
-    assert (x.var(0) - 1).abs().max() < 5 * math.sqrt(2 / S)
-
-
-def test_mhmc_step_rejects_bad_settings():
+def test_mhmc_settings_are_checked():
     with pytest.raises(Exception, match="K ≥ 1"):
         mhmc.Settings(step_size=0.1, leapfrog_steps=0)
 
 
 def test_delayed_step_is_the_sync_chain():
-    problem = delayed.make_regression(n=200, seed=0)
-    s = delayed.Settings(
+    problem = make_regression(n=200, seed=0)
+    s = delayed_sgld.Settings(
         mode="sync", workers=2, step_size=1e-5, iterations=6, chains=3, record_every=2
     ).validate()
     state = delayed_sgld.init(torch.zeros(3, problem.dim), s)
     for _ in range(6):
-        state, info = delayed_sgld.step(state, problem, s)
+        state, info = delayed_sgld.step(s.seed, state, problem, s)
     assert info.increments.shape == (2, 3, problem.dim)
-    ref = delayed.sequential_reference(problem, s)
-    assert torch.equal(state.position, ref[-1])
+    assert torch.equal(state.position, sequential_reference(problem, s)[-1])
 
 
 def test_the_built_in_targets_and_models_meet_the_protocols():
+    from fedhmc.algorithms.oracles import GradientOracle
     from fedhmc.models.nets import MLP, LogisticRegression
     from fedhmc.models.protocols import Model, Target
 
     assert isinstance(hetero_gaussian(3, 4), Target)
+    for oracle in (hetero_gaussian(3, 4), oracles.Received(torch.zeros(2)),
+                   oracles.from_grad(lambda t, i: t), make_regression(n=10)):  # fmt: skip
+        assert isinstance(oracle, GradientOracle), oracle
     assert isinstance(LogisticRegression(4, 3), Model) and isinstance(MLP(4, 3, (5,)), Model)
     assert not isinstance(object(), Target)

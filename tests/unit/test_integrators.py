@@ -114,7 +114,8 @@ def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh)
     theta0 = torch.randn(S, N, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     seeds = torch.tensor([client_seed(0, c) for c in range(N)])
     shared, private = round_keys(123, seeds, 1, torch.arange(S))
-    theta, info = local_iterations(target, theta0, shared, private, settings, round_=1)
+    info = local_iterations(target, theta0, shared, private, settings, round_=1)
+    theta = info.position
 
     def grad(th, k):
         return target.grad(th, None, k, False)[0]

@@ -32,7 +32,7 @@ LAYERS = [
     ("viz", ["fedhmc.viz"]),
     ("experiments", ["fedhmc.experiments"]),
     ("cli", ["fedhmc.cli"]),
-    # fedhmc/__init__.py, __main__.py and the shims of the earlier layout (fedhmc.config, …)
+    # fedhmc/__init__.py and __main__.py
     ("package", ["fedhmc"]),
 ]
 
@@ -163,23 +163,9 @@ def test_the_rules_can_fail():
     assert rank("fedhmc.cli.main") > rank("fedhmc_server.app")
 
 
-@pytest.mark.parametrize(
-    "old, new, name",
-    [
-        ("fedhmc.config", "fedhmc.runtime.config", "RunConfig"),
-        ("fedhmc.engine", "fedhmc.runtime.engine", "run"),
-        ("fedhmc.sampler", "fedhmc.algorithms.fahmc", "run_round"),
-        ("fedhmc.targets", "fedhmc.models.targets", "hetero_gaussian"),
-    ],
-)
-def test_the_earlier_documented_imports_still_work_and_say_where_to_go(old, new, name):
-    import importlib
-    import sys
-    import warnings
+def test_the_earlier_module_names_are_gone():
+    """One name per thing: the flat layout's re-exporting modules no longer exist."""
+    import importlib.util
 
-    sys.modules.pop(old, None)
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        mod = importlib.import_module(old)
-    assert getattr(mod, name) is getattr(importlib.import_module(new), name)
-    assert any(new in str(w.message) for w in caught)
+    for old in ("fedhmc.config", "fedhmc.engine", "fedhmc.sampler", "fedhmc.targets"):
+        assert importlib.util.find_spec(old) is None, old

@@ -10,7 +10,6 @@ from fedhmc.algorithms.fahmc import (
     client_seed,
     client_update,
     round_seed,
-    run_round,
 )
 from fedhmc.core import rng
 from fedhmc.models.nets import MLP, LogisticRegression
@@ -101,11 +100,13 @@ def test_single_client_updates_equal_the_batched_engine(rho, model_name):
     theta_bar = 0.1 * torch.randn(2, model.dim, generator=gen)
     seed = 11
     for r in (1, 2):
-        batched, _ = run_round(target, theta_bar, seed, r, s)
+        state, _ = fahmc.step(seed, fahmc.State(theta_bar, r - 1), target, s)
+        batched = state.position
+        message = fahmc.Broadcast(r, round_seed(seed, r), theta_bar)
         ones = [
             client_update(
-                target.client(c), theta_bar, round_seed(seed, r), client_seed(seed, c), r, s
-            )[0]
+                message, target.client(c), s, torch.tensor([client_seed(seed, c)])
+            ).position[:, 0]
             for c in range(4)
         ]
         avg = sum(target.weights[c].float() * ones[c] for c in range(4))
@@ -117,9 +118,11 @@ def test_gaussian_single_client_equals_batched():
     target = hetero_gaussian(4, 3, dtype=torch.float64)
     s = fahmc.Settings(0.05, 5, 3, rho=0.3, grad_noise=1.0)
     theta_bar = torch.zeros(3, 3, dtype=torch.float64)
-    batched, _ = run_round(target, theta_bar, 5, 1, s)
+    batched = fahmc.step(5, fahmc.init(theta_bar, s), target, s)[0].position
+    message = fahmc.Broadcast(1, round_seed(5, 1), theta_bar)
     ones = [
-        client_update(target.client(c), theta_bar, round_seed(5, 1), client_seed(5, c), 1, s)[0]
+        client_update(message, target.client(c), s, torch.tensor([client_seed(5, c)]))
+        .position[:, 0]
         for c in range(4)
     ]
     torch.testing.assert_close(sum(0.25 * o for o in ones), batched)

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhmc.core import rng
 from fedhmc.errors import ConfigError
 
 
@@ -42,8 +43,6 @@ class Regression:
     def grad(self, theta, keys, index, need_energy=True):
         """The gradient oracle: ∇Ũ at positions (R, 1, d), chain r's minibatch of
         evaluation ``index`` drawn from ``keys[r]``; no energies."""
-        from fedhmc.algorithms.delayed.sgld import gradient
-
         return gradient(self, theta[:, 0], keys[:, 0], index, self.batch_size).unsqueeze(1), None
 
     @property
@@ -105,3 +104,24 @@ def hessian_eigs(problem: Regression) -> tuple[float, float]:
     prec = prec + torch.eye(problem.dim, dtype=phi.dtype) / problem.prior_std**2
     e = torch.linalg.eigvalsh(prec)
     return float(e[0]), float(e[-1])
+
+
+def gradient(
+    problem: Regression, x: torch.Tensor, batch_keys: torch.Tensor, j: int, batch: int
+) -> torch.Tensor:
+    """Minibatch gradient of U at x (R, d), chain r's batch drawn from ``batch_keys[r]``, j.
+
+    (n/B) Σ_{i∈S} −φ_i (y_i − φ_iᵀx)/s² + x/σ₀², with S drawn with replacement; B = 0 or
+    B ≥ n uses the full data.
+    """
+    phi, y, n = problem.features, problem.targets, problem.n
+    if batch == 0 or batch >= n:
+        resid = y.unsqueeze(0) - x @ phi.T  # (R, n)
+        g = -(resid @ phi) / problem.noise_var
+    else:
+        u = rng.uniform(batch_keys, j, batch)  # (R, B)
+        idx = torch.clamp((u * n).to(torch.int64), max=n - 1)
+        pb = phi[idx]  # (R, B, d)
+        resid = y[idx] - torch.einsum("rbd,rd->rb", pb, x)
+        g = -(n / batch) * torch.einsum("rbd,rb->rd", pb, resid) / problem.noise_var
+    return g + x / problem.prior_std**2

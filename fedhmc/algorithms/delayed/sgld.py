@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from fedhmc.algorithms.delayed.problem import Regression
+from fedhmc.algorithms.delayed.problem import Regression, gradient
 from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_DELAYED_BATCH, STREAM_DELAYED_NOISE
 from fedhmc.errors import ConfigError
@@ -105,27 +105,6 @@ class Settings:
 
 def _keys(seed: int, stream: int, worker: int, chains: int) -> torch.Tensor:
     return rng.derive(int(seed), stream, worker, torch.arange(chains, dtype=torch.int64))
-
-
-def gradient(
-    problem: Regression, x: torch.Tensor, batch_keys: torch.Tensor, j: int, batch: int
-) -> torch.Tensor:
-    """Minibatch gradient of U at x (R, d), chain r's batch drawn from ``batch_keys[r]``, j.
-
-    (n/B) Σ_{i∈S} −φ_i (y_i − φ_iᵀx)/s² + x/σ₀², with S drawn with replacement; B = 0 or
-    B ≥ n uses the full data.
-    """
-    phi, y, n = problem.features, problem.targets, problem.n
-    if batch == 0 or batch >= n:
-        resid = y.unsqueeze(0) - x @ phi.T  # (R, n)
-        g = -(resid @ phi) / problem.noise_var
-    else:
-        u = rng.uniform(batch_keys, j, batch)  # (R, B)
-        idx = torch.clamp((u * n).to(torch.int64), max=n - 1)
-        pb = phi[idx]  # (R, B, d)
-        resid = y[idx] - torch.einsum("rbd,rd->rb", pb, x)
-        g = -(n / batch) * torch.einsum("rbd,rb->rd", pb, resid) / problem.noise_var
-    return g + x / problem.prior_std**2
 
 
 def increment(
