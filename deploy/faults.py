@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from loopback import (  # noqa: E402
+# Run as a script, this file's folder is first on the path: loopback is deploy/loopback.py.
+from loopback import (
     ROOT,
     SEARCH_PATH,
     Deployment,
