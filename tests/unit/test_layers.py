@@ -173,9 +173,13 @@ def import_cycles(sources: dict[str, Source]) -> list[str]:
     return cycles
 
 
+def _under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
 def flwr_imports(src: Source) -> list[str]:
     """Imports of flwr in a module outside FLWR_ALLOWED."""
-    if src.name.startswith(FLWR_ALLOWED):
+    if _under(src.name, FLWR_ALLOWED):
         return []
     bad = []
     for node in ast.walk(src.tree):
@@ -195,7 +199,7 @@ _PATH_METHODS = {"insert", "append", "extend", "remove", "pop", "clear"}
 def path_edits(src: Source) -> list[str]:
     """Changes to sys.path in a module of TOOLS: a call of its list methods, an assignment
     to it or to an item or slice of it, a del, or site.addsitedir."""
-    if not src.name.startswith(TOOLS):
+    if not _under(src.name, TOOLS):
         return []
     sys_names, path_names, site_names = set(), set(), set()
     for node in ast.walk(src.tree):
