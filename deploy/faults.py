@@ -177,6 +177,12 @@ def case_straggler(work: Path, timeout_s: float = 30.0) -> dict:
         }
 
 
+def still_alive(pids: list[int]) -> list[int]:
+    """The PIDs of ``pids`` still alive (a zombie is dead: it only waits to be reaped)."""
+    procs = processes()
+    return [p for p in pids if p in procs and not procs[p][1].startswith("Z")]
+
+
 def _same(a: Path, b: Path) -> dict:
     import numpy as np
 
@@ -210,6 +216,9 @@ def case_superlink_restart(work: Path) -> dict:
                 killed += signal_tree(pid, signal.SIGKILL)
         proc.kill()
         log(f"superlink-restart: killed {len(killed)} processes at round {len(metrics_rows(out))}")
+        # The machine is down only once they are gone: a process killed while it waits on the
+        # disk (the SuperLink's database) dies late, and superlink.sh refuses a live PID.
+        wait_until(lambda: not still_alive(killed), 60, "the killed processes to exit", 0.1)
         t0 = time.monotonic()
         dep.start_link()
         proc = dep.submit(
@@ -492,7 +501,7 @@ def main(argv=None) -> int:
                 else:
                     r = case_bad_replies(work)
             except Exception as e:  # noqa: BLE001 (reported in the table, the suite goes on)
-                r = {"error": f"{type(e).__name__}: {e}"}
+                r = {"error": f"{type(e).__name__}: {' '.join(str(e).split())}"}  # one line
             if isinstance(r, dict) and "error" not in r and name != "bad-replies":
                 r["case_s"] = round(time.monotonic() - t0, 1)
             results[name] = r
