@@ -1,4 +1,4 @@
-"""``python -m benchmarks``: the performance suite (see :mod:`benchmarks.suite`)."""
+"""``python -m benchmarks``: the performance suite (see benchmarks/suite.py)."""
 
 from benchmarks.suite import cli
 

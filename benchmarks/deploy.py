@@ -16,15 +16,15 @@ from __future__ import annotations
 
 import json
 import statistics
-import sys
 import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "deploy"))
-from loopback import Deployment, metrics_rows, missing_tools, summary, wait_until  # noqa: E402
+# deploy/ is a folder of scripts without __init__.py: run from the repository root (as
+# python -m benchmarks is), it is found as a namespace package.
+from deploy.loopback import Deployment, metrics_rows, missing_tools, summary, wait_until
 
+ROOT = Path(__file__).resolve().parents[1]
 ECHO_APP = ROOT / "benchmarks" / "echo_app"
 
 

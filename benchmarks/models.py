@@ -3,7 +3,7 @@
 
 Two measurements, each timed interleaved in one process after a warm-up (medians of the
 repeats), in client-gradient evaluations per second of FA-HMC rounds
-(``fedhmc.algorithms.fahmc.run_round``: T·(K+1)·N evaluations a round):
+(``fedhmc.algorithms.fahmc.step``: T·(K+1)·N evaluations a round):
 
 1. **Generic against hand-written.** The built-in logistic regression and MLP
    (``fedhmc.models.nets``, closed-form and hand-written backpropagation) against the
@@ -117,12 +117,11 @@ def _sync_fn(device: torch.device):
 
 def _engine(target, settings, rounds: int, theta0: torch.Tensor, sync):
     """``rounds`` FA-HMC rounds from ``theta0`` (S, D): what every engine timing runs."""
-    from fedhmc.algorithms.fahmc import run_round
 
     def engine():
-        theta = theta0.clone()
-        for r in range(1, rounds + 1):
-            theta, _ = run_round(target, theta, 0, r, settings)
+        state = fahmc.init(theta0.clone(), settings)
+        for _ in range(rounds):
+            state, _ = fahmc.step(0, state, target, settings)
         sync()
 
     return engine
@@ -217,14 +216,14 @@ def bench_generic(
         batchings[label] = prob_g.model.batching
         theta0 = initial_position(prob_g.model, prob_g.target.dim, cfg_g, device)
         fns[label] = _engine(prob_g.target, settings, rounds, theta0, sync)
-    from benchmarks.suite import _interleaved
+    from benchmarks.common import interleaved
 
     N, D = target_h.num_clients, target_h.dim
     before = torch.get_num_threads()
     threads = before if device.type != "cpu" else auto_threads(gradient_work(N, 1, shape.batch, D))
     torch.set_num_threads(threads)
     try:
-        secs = _interleaved(fns, repeats)
+        secs = interleaved(fns, repeats)
     finally:
         torch.set_num_threads(before)
     evals = rounds * T * (K + 1) * N
@@ -302,7 +301,7 @@ def bench_cnn(
     with_posteriors: bool = True,
 ) -> dict:
     """Evaluations per second of LeNet-5 sampled by fedhmc (vmap, loop) and by hand."""
-    from benchmarks.suite import _interleaved, _posteriors_fn
+    from benchmarks.common import interleaved, posteriors_fn
     from fedhmc.runtime.problem import build_problem, initial_position
     from fedhmc.runtime.threads import auto_threads, gradient_work
 
@@ -329,7 +328,7 @@ def bench_cnn(
     )
     strategies["autograd loop"] = loop
     if with_posteriors:
-        post = _posteriors_fn(modules, Xc, yc, b, False, steps, gen)
+        post = posteriors_fn(modules, Xc, yc, b, False, steps, gen)
         if post is not None:
 
             def posteriors(post=post):
@@ -343,7 +342,7 @@ def bench_cnn(
             fns[(k, n)] = _at_threads(fn, n)
     before = torch.get_num_threads()
     try:
-        secs = _interleaved(fns, repeats)
+        secs = interleaved(fns, repeats)
     finally:
         torch.set_num_threads(before)
     rows = []
@@ -385,7 +384,7 @@ def bench_models(
     """Both measurements; what the suite stores under ``results["models"]``. ``stage(label)``
     is called as each part starts (the suite's progress bar)."""
     stage = stage or (lambda label: None)
-    from benchmarks.suite import fmnist_available
+    from benchmarks.common import fmnist_available
 
     out: dict = {"device": device, "notes": [], "load_before": list(os.getloadavg())}
     dev = torch.device(device)

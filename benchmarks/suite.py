@@ -3,7 +3,7 @@
 For each problem shape it times, interleaved in one process with a warm-up and repeats,
 the client-gradient evaluations per second of
 
-- ``engine``: ``fedhmc.algorithms.fahmc.run_round`` (FA-HMC: T local iterations of K leapfrog steps,
+- ``engine``: ``fedhmc.algorithms.fahmc.step`` (FA-HMC: T local iterations of K leapfrog steps,
   counter-based minibatches, momentum, averaging), counting T·(K+1)·N evaluations a round;
 - ``batched``: a bare batched-gradient loop of the same shapes: a random minibatch gather
   and the gradient of every client at once (closed form by two ``bmm`` for logistic
@@ -49,14 +49,20 @@ import subprocess
 import sys
 import tempfile
 import time
-import warnings
-from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
+from benchmarks.common import (
+    FMNIST_DIR,
+    Shape,
+    engine_fn,
+    fmnist_available,
+    interleaved,
+    posteriors_fn,
+    shape_config,
+)
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import run_round
 from fedhmc.core.progress import bar, set_quiet
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
@@ -64,7 +70,6 @@ from fedhmc.runtime.problem import build_problem
 from fedhmc.runtime.threads import auto_threads, gradient_work
 
 RESULTS = Path(__file__).resolve().parent.parent / "docs" / "results" / "benchmarks"
-FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
 PAPER_EVALS = 200 * 50 * 11 * 10  # rounds × T × (K + 1) × N: about 1.1M
 GROUPS = (
     "digits",
@@ -82,18 +87,6 @@ GROUPS = (
 DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "deploy")  # deploy: --only deploy
 
 
-@dataclass
-class Shape:
-    key: str
-    label: str
-    dataset: str
-    num_clients: int
-    batch: int  # 0: full batch
-    model: str = "logistic"
-    loop_target: float | None = None  # the issue's "engine ≥ x × loop" target, if any
-    posteriors_target: float | None = None
-
-
 SHAPES = (
     Shape("digits", "digits N=10 B=32", "digits", 10, 32, loop_target=20.0),
     Shape("digits", "digits N=100 B=32", "digits", 100, 32, loop_target=20.0),
@@ -101,10 +94,6 @@ SHAPES = (
     Shape("fmnist", "F-MNIST N=10 B=1000", "fashion-mnist", 10, 1000, posteriors_target=2.0),
     Shape("mlp", "F-MNIST MLP N=10 B=1000", "fashion-mnist", 10, 1000, model="mlp"),
 )
-
-
-def fmnist_available() -> bool:
-    return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
 
 
 def _time(fn, repeats: int) -> float:
@@ -116,31 +105,6 @@ def _time(fn, repeats: int) -> float:
         fn()
         times.append(time.perf_counter() - t0)
     return statistics.median(times)
-
-
-def _interleaved(fns: dict, repeats: int) -> dict[str, float]:
-    """Median seconds of each function, warmed up, the repeats interleaved (fair under load)."""
-    for fn in fns.values():
-        fn()
-    times: dict[str, list[float]] = {k: [] for k in fns}
-    for _ in range(repeats):
-        for k, fn in fns.items():
-            t0 = time.perf_counter()
-            fn()
-            times[k].append(time.perf_counter() - t0)
-    return {k: statistics.median(v) for k, v in times.items()}
-
-
-def _config(shape: Shape, **kw) -> RunConfig:
-    return RunConfig(
-        dataset=shape.dataset,
-        model=shape.model,
-        num_clients=shape.num_clients,
-        batch_size=shape.batch,
-        partition="iid",
-        chains=1,
-        **kw,
-    ).resolve()
 
 
 def _client_data(target):
@@ -163,17 +127,6 @@ def _nn_model(target) -> torch.nn.Module:
     return torch.nn.Sequential(*layers)
 
 
-def engine_fn(target, settings: fahmc.Settings, rounds: int):
-    """The engine's ``rounds`` rounds from θ̄ = 0 on ``target``: what every engine timing runs."""
-
-    def engine():
-        theta = torch.zeros(1, target.dim)
-        for r in range(1, rounds + 1):
-            theta, _ = run_round(target, theta, 0, r, settings)
-
-    return engine
-
-
 def bench_shape(
     shape: Shape, T: int, K: int, rounds: int, repeats: int, with_posteriors: bool = True
 ) -> dict:
@@ -182,7 +135,7 @@ def bench_shape(
     Every strategy runs at the thread count that ``--threads auto`` picks for the shape
     (one thread for the small ones), so that the engine is timed as a run would use it
     and the plain kernels get the same cores."""
-    cfg = _config(shape)
+    cfg = shape_config(shape)
     target = build_problem(cfg).target
     N, D = target.num_clients, target.dim
     batch = target.X.shape[1] if shape.batch <= 0 else shape.batch
@@ -278,10 +231,10 @@ def _bench_shape(shape, target, cfg, T, K, rounds, repeats, with_posteriors) -> 
                         p.add_(p.grad, alpha=-lr)
 
     fns = {"engine": engine, "batched": batched, "loop": loop}
-    post = _posteriors_fn(modules, Xc, yc, b, full, steps, gen) if with_posteriors else None
+    post = posteriors_fn(modules, Xc, yc, b, full, steps, gen) if with_posteriors else None
     if post is not None:
         fns["posteriors"] = post
-    secs = _interleaved(fns, repeats)
+    secs = interleaved(fns, repeats)
     rate = {k: evals / s for k, s in secs.items()}
     best = max(rate["batched"], rate["loop"])
     row = {
@@ -300,44 +253,6 @@ def _bench_shape(shape, target, cfg, T, K, rounds, repeats, with_posteriors) -> 
     if "posteriors" in rate:
         row["engine/posteriors"] = rate["engine"] / rate["posteriors"]
     return row
-
-
-def _posteriors_fn(modules, Xc, yc, b, full, steps, gen):
-    """posteriors' SGHMC, one chain per client, minibatches as the loop draws them."""
-    try:
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore")
-            import posteriors  # noqa: F401
-            from posteriors.sgmcmc import sghmc
-    except ImportError:
-        return None
-    from torch.func import functional_call
-
-    def make(m, n):
-        def log_posterior(params, batch):
-            xb, yb = batch
-            logits = functional_call(m, params, (xb,))
-            ll = -torch.nn.functional.cross_entropy(logits, yb, reduction="sum")
-            return ll, logits
-
-        params = {k: v.detach().clone() for k, v in m.named_parameters()}
-        transform = sghmc.build(log_posterior, lr=1e-6, alpha=0.01)
-        return transform, transform.init(params)
-
-    chains = [make(m, x.shape[0]) for m, x in zip(modules, Xc, strict=True)]
-
-    def run():
-        for _ in range(steps):
-            for c, (transform, state) in enumerate(chains):
-                if full:
-                    batch = (Xc[c], yc[c])
-                else:
-                    idx = torch.randint(0, Xc[c].shape[0], (b,), generator=gen)
-                    batch = (Xc[c][idx], yc[c][idx])
-                state, _ = transform.update(state, batch, inplace=True)
-                chains[c] = (transform, state)
-
-    return run
 
 
 # ---------------------------------------------------------------------------------------
@@ -495,16 +410,15 @@ def bench_eval(dataset: str, repeats: int, T: int | None = None, K: int | None =
 
     settings = sampler_settings(cfg)
     theta = initial_position(problem.model, problem.dim, cfg)
-    state = {"theta": theta, "r": 0}
+    state = {"fahmc": fahmc.init(theta, settings)}
 
     def one_round():
-        state["r"] += 1
-        state["theta"], _ = run_round(problem.target, state["theta"], 0, state["r"], settings)
+        state["fahmc"], _ = fahmc.step(0, state["fahmc"], problem.target, settings)
 
     def evaluate():
-        problem.evaluator(state["theta"], True)
+        problem.evaluator(state["fahmc"].position, True)
 
-    secs = _interleaved({"round": one_round, "eval": evaluate}, repeats)
+    secs = interleaved({"round": one_round, "eval": evaluate}, repeats)
     return {
         "shape": f"{dataset} N=10 chains={cfg.chains} T={cfg.local_steps} K={cfg.leapfrog_steps}",
         "round_s": secs["round"],

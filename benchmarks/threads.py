@@ -16,14 +16,13 @@ import time
 
 import torch
 
+from benchmarks.common import engine_fn, interleaved, shape_config
 from fedhmc.algorithms import fahmc
 from fedhmc.runtime.problem import build_problem
 
 
 def _engine(shape, T: int, K: int, rounds: int):
-    from benchmarks.suite import _config, engine_fn
-
-    cfg = _config(shape)
+    cfg = shape_config(shape)
     target = build_problem(cfg).target
     settings = fahmc.Settings(cfg.step_size, K, T, rho=1.0)
     evals = rounds * T * (K + 1) * target.num_clients
@@ -32,7 +31,6 @@ def _engine(shape, T: int, K: int, rounds: int):
 
 def _rates(engine, evals: int, counts: tuple[int, ...], repeats: int) -> dict[int, float]:
     """Evaluations per second at each thread count, medians of interleaved repeats."""
-    from benchmarks.suite import _interleaved
 
     def at(n: int):
         def fn():
@@ -41,7 +39,7 @@ def _rates(engine, evals: int, counts: tuple[int, ...], repeats: int) -> dict[in
 
         return fn
 
-    secs = _interleaved({n: at(n) for n in counts}, repeats)
+    secs = interleaved({n: at(n) for n in counts}, repeats)
     return {n: evals / s for n, s in secs.items()}
 
 

@@ -2,7 +2,8 @@
 
 A client loads its own partition once per process (cached), and each round runs its
 algorithm's ``client_update`` (``fedhmc.algorithms.fahmc`` or ``debiased``): the function
-the batched engine's ``step`` runs for all clients at once. It never sends its data or its private seed.
+the batched engine's ``step`` runs for all clients at once. It never sends its data or its
+private seed.
 """
 
 from __future__ import annotations
@@ -123,9 +124,7 @@ def local_update(
             and torch.equal(cached[1], message.anchor_position)
         ):
             anchor_local = cached[2]
-        update = debiased.client_update(
-            message, target, settings, seeds, anchor_local=anchor_local
-        )
+        update = debiased.client_update(message, target, settings, seeds, anchor_local=anchor_local)
         _ANCHOR_GRADS[base] = (message.round, message.position, update.local_grad)
     else:
         update = fahmc.client_update(message, target, settings, seeds)
@@ -147,7 +146,7 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     cfg = wire.apply_data(cfg, config)
     round_ = int(config["round"])
     settings = wire.decode_sampler(config)
-    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or not type(settings) is (
+    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or type(settings) is not (
         fahmc.Settings
     ):
         return None

@@ -1,10 +1,15 @@
 """A TLS, node-authenticated Flower deployment on 127.0.0.1, driven through deploy/*.sh.
 
-Used by the deployment tests (tests/test_deploy.py) and the fault-injection suite
-(deploy/faults.py): one SuperLink, SuperNodes with registered keys as separate processes,
-``flwr run`` against them, and helpers to kill, pause and restart any of them, each with
-everything it started. Every process is found again by PID or by this deployment's folder
-and ports, so :meth:`Deployment.stop_all` leaves nothing behind.
+Used by the deployment tests (tests/integration/test_deploy.py), the deployment benchmark
+(benchmarks/deploy.py) and the fault-injection suite (deploy/faults.py): one SuperLink,
+SuperNodes with registered keys as separate processes, ``flwr run`` against them, and
+helpers to kill, pause and restart any of them, each with everything it started. Every
+process is found again by PID or by this deployment's folder and ports, so
+``Deployment.stop_all`` leaves nothing behind.
+
+It imports no other file of deploy/, so that it works both as ``loopback`` (a script
+beside it, or a test that puts deploy/ on the path) and as ``deploy.loopback`` (run from
+the repository root, as ``python -m benchmarks`` is).
 """
 
 from __future__ import annotations
@@ -220,9 +225,16 @@ class Deployment:
         """``flwr run APP CONN --stream`` in the background, its output in ``log``. APP:
         by default what ``deploy/run.sh`` submits, this repository's app staged alone."""
         if app is None:
-            from stage_app import stage
-
-            app = stage(Path(tempfile.mkdtemp(prefix="app-", dir=self.dir)))
+            app = Path(tempfile.mkdtemp(prefix="app-", dir=self.dir))
+            # Run as deploy/run.sh runs it, so that this module imports no sibling script.
+            res = subprocess.run(
+                [sys.executable, str(DEPLOY / "stage_app.py"), str(app)],
+                cwd=ROOT,
+                capture_output=True,
+                text=True,
+            )
+            if res.returncode != 0:
+                raise RuntimeError(f"deploy/stage_app.py {app}: {res.stderr.strip()}")
         f = open(log, "w")  # noqa: SIM115 (closed by the child's exit)
         return subprocess.Popen(
             ["flwr", "run", str(app), self.conn, "--stream", "--run-config", run_config],

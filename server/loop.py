@@ -137,9 +137,7 @@ def serve(
                 x = got.get(name)
                 return None if x is None else torch.as_tensor(x).unsqueeze(1)
 
-            update = ClientUpdate(
-                one("theta"), momentum=one("momentum"), local_grad=one("grad")
-            )
+            update = ClientUpdate(one("theta"), momentum=one("momentum"), local_grad=one("grad"))
             accepted.append((pid, int(m["num-examples"]), update))
             de = m.get("energy-error")
             if isinstance(de, (int, float)):

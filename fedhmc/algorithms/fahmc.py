@@ -353,8 +353,6 @@ def local_iterations(
     )
 
 
-
-
 # ------------------------------------------------------------------ the algorithm API
 #
 # One round is three functions, and every caller composes the same three:

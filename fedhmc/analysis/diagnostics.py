@@ -28,8 +28,8 @@ folding, and localization: an improved R̂", Bayesian Analysis 16(2)):
 
 Why our own functions rather than ArviZ: ArviZ would pull a heavy dependency tree
 (xarray, pandas, netCDF/h5 backends) into the core for two formulas of a few dozen lines.
-It is an optional extra (``fedhmc export``), and ``tests/test_export.py`` checks that
-``az.summary`` gives the same R̂ and bulk ESS; ``tests/test_diagnostics.py`` checks the
+It is an optional extra (``fedhmc export``), and ``tests/unit/test_export.py`` checks that
+``az.summary`` gives the same R̂ and bulk ESS; ``tests/unit/test_diagnostics.py`` checks the
 formulas on cases with known answers (iid draws, AR(1) chains, shifted and rescaled chains,
 invariance to monotone maps).
 """

@@ -75,17 +75,13 @@ ARRAYS = {
 """The arrays of a round's message, by the Broadcast field each carries."""
 
 
-def encode_message(
-    cfg: RunConfig, message: fahmc.Broadcast, num_total: int
-) -> tuple[dict, dict]:
+def encode_message(cfg: RunConfig, message: fahmc.Broadcast, num_total: int) -> tuple[dict, dict]:
     """A round's Broadcast as the (settings, arrays) of a Flower message: arrays are the
     Broadcast's tensors that are set (θ̄ always), by their wire names."""
     config = encode_round(cfg, message.round, num_total, message.round_seed)
     if message.anchor_round is not None:
         config["anchor-round"] = int(message.anchor_round)
-    arrays = {
-        k: getattr(message, f) for k, f in ARRAYS.items() if getattr(message, f) is not None
-    }
+    arrays = {k: getattr(message, f) for k, f in ARRAYS.items() if getattr(message, f) is not None}
     return config, arrays
 
 
@@ -93,9 +89,7 @@ def decode_message(config: dict, arrays: dict, dtype) -> fahmc.Broadcast:
     """The Broadcast a round's (settings, arrays) carry, its arrays as tensors of ``dtype``."""
     import torch
 
-    tensors = {
-        f: torch.as_tensor(arrays[k]).to(dtype) for k, f in ARRAYS.items() if k in arrays
-    }
+    tensors = {f: torch.as_tensor(arrays[k]).to(dtype) for k, f in ARRAYS.items() if k in arrays}
     anchor_round = config.get("anchor-round") if "anchor" in arrays else None
     return fahmc.Broadcast(
         round=int(config["round"]),

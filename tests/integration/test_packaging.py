@@ -88,7 +88,7 @@ def test_wheel_installs_only_names_of_ours(tmp_path):
 
 def test_core_never_imports_flwr():
     """Importing every module of fedhmc (all layers) loads no flwr module. The static check
-    of the sources is tests/test_layers.py."""
+    of the sources is tests/unit/test_layers.py."""
     import fedhmc
 
     mods = [

@@ -16,8 +16,8 @@ import math
 import pytest
 import torch
 
-from fedhmc.algorithms import fahmc
 from fedhmc.algorithms import debiased as debiased_fahmc
+from fedhmc.algorithms import fahmc
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
 from fedhmc.models.targets import hetero_gaussian
 from fedhmc.runtime.config import RunConfig

@@ -1,10 +1,17 @@
 """The architecture, enforced: every module imports only from its own layer or the layers
-below it, the module graph has no cycles (function-level imports included), and only the
-Flower layer imports flwr."""
+below it, the module graph has no cycles (function-level imports included), only the
+Flower layer imports flwr, and the tools beside the library (benchmarks/, deploy/) edit
+nothing on sys.path.
+
+The check reads the sources (ast) and imports none of them. Each rule is a function of a
+set of parsed sources, so that the tests at the end can feed it made-up modules and see
+it fail.
+"""
 
 from __future__ import annotations
 
 import ast
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -15,7 +22,16 @@ FOLDERS = {
     "datasets": "fedhmc_datasets",
     "server": "fedhmc_server",
     "clients": "fedhmc_clients",
+    "benchmarks": "benchmarks",
+    "deploy": "deploy",
 }
+# Folders of scripts (python deploy/faults.py): the script's folder is first on the path,
+# so a module there imports its siblings by their bare names (from loopback import …).
+SCRIPT_FOLDERS = {"deploy"}
+# The tools beside the library: no sys.path edits in them.
+TOOLS = ("benchmarks", "deploy")
+# Who may import flwr: the Flower layer, and the bare Flower app of the deploy benchmark.
+FLWR_ALLOWED = ("fedhmc_server", "fedhmc_clients", "benchmarks.echo_app")
 
 # Lowest first. A module may import from its own layer and from any layer listed before it.
 LAYERS = [
@@ -34,7 +50,42 @@ LAYERS = [
     ("cli", ["fedhmc.cli"]),
     # fedhmc/__init__.py and __main__.py
     ("package", ["fedhmc"]),
+    # The tools: the deployment recipe's Python helpers, then the benchmark (which deploys).
+    ("deploy", ["deploy"]),
+    ("benchmarks", ["benchmarks"]),
 ]
+
+
+@dataclass(frozen=True)
+class Source:
+    """One module: its dotted name, its file (for messages) and its syntax tree."""
+
+    name: str
+    path: str
+    tree: ast.Module
+    is_pkg: bool = False
+    script: bool = False  # imports its siblings by bare name
+
+
+def source(name: str, text: str, path: str = "", is_pkg: bool = False) -> Source:
+    """A module from its text; ``path`` defaults to the file its name suggests."""
+    folder = next((f for f, n in FOLDERS.items() if name.split(".")[0] == n), "")
+    path = path or name.replace(".", "/") + ("/__init__.py" if is_pkg else ".py")
+    return Source(name, path, ast.parse(text, path), is_pkg, folder in SCRIPT_FOLDERS)
+
+
+def load(root: Path = ROOT) -> dict[str, Source]:
+    """Every module of FOLDERS under ``root``, by dotted name."""
+    out = {}
+    for folder, name in FOLDERS.items():
+        for path in sorted((root / folder).rglob("*.py")):
+            rel = path.relative_to(root / folder).with_suffix("")
+            parts = [p for p in rel.parts if p != "__init__"]
+            dotted = ".".join([name, *parts])
+            out[dotted] = source(
+                dotted, path.read_text(), str(path.relative_to(root)), path.name == "__init__.py"
+            )
+    return out
 
 
 def rank(module: str) -> int:
@@ -47,27 +98,16 @@ def rank(module: str) -> int:
     return best
 
 
-def modules() -> dict[str, Path]:
-    out = {}
-    for folder, name in FOLDERS.items():
-        for path in sorted((ROOT / folder).rglob("*.py")):
-            rel = path.relative_to(ROOT / folder).with_suffix("")
-            parts = [p for p in rel.parts if p != "__init__"]
-            out[".".join([name, *parts])] = path
-    return out
-
-
-def imports(module: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
-    """Every fedhmc module that ``module`` imports, at any depth of the file."""
-    tree = ast.parse(path.read_text(), str(path))
-    is_pkg = path.name == "__init__.py"
-    found = []
-    for node in ast.walk(tree):
+def imports(src: Source, known: set[str]) -> list[tuple[str, int]]:
+    """Every known module that ``src`` imports, at any depth of the file, with its line."""
+    package = src.name.rpartition(".")[0]
+    found: dict[tuple[str, int], None] = {}  # in order, once each
+    for node in ast.walk(src.tree):
         if isinstance(node, ast.Import):
             names = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = module.split(".") if is_pkg else module.split(".")[:-1]
+                base = src.name.split(".") if src.is_pkg else src.name.split(".")[:-1]
                 base = base[: len(base) - (node.level - 1)]
                 mod = ".".join(base + ([node.module] if node.module else []))
             else:
@@ -76,51 +116,40 @@ def imports(module: str, path: Path, known: set[str]) -> list[tuple[str, int]]:
         else:
             continue
         for n in names:
+            if src.script and package and f"{package}.{n.split('.')[0]}" in known:
+                n = f"{package}.{n}"  # a sibling script, imported by its bare name
             # the longest known module that n names (a submodule or the module itself)
             while n and n not in known:
                 n = n.rpartition(".")[0]
             if n:
-                found.append((n, node.lineno))
-    return found
+                found[n, node.lineno] = None
+    return list(found)
 
 
-MODULES = modules()
-GRAPH = {
-    m: sorted({n for n, _ in imports(m, p, set(MODULES)) if n != m}) for m, p in MODULES.items()
-}
+def graph(sources: dict[str, Source]) -> dict[str, list[str]]:
+    known = set(sources)
+    return {m: sorted({n for n, _ in imports(s, known) if n != m}) for m, s in sources.items()}
 
 
-def test_every_module_has_a_layer():
-    for m in MODULES:
-        rank(m)
-
-
-def test_imports_only_go_down():
+# ------------------------------------------------------------------------------ the rules
+def upward_imports(sources: dict[str, Source]) -> list[str]:
+    """Imports that go up a layer, one line each."""
     bad = []
-    for m, path in MODULES.items():
-        for n, line in imports(m, path, set(MODULES)):
+    for m, src in sources.items():
+        for n, line in imports(src, set(sources)):
             if n == m or n == "fedhmc":
                 continue  # a package's own __init__ (lazy public API) is not a layer edge
             if rank(n) > rank(m):
                 bad.append(
-                    f"{path.relative_to(ROOT)}:{line}: {m} ({LAYERS[rank(m)][0]}) imports "
+                    f"{src.path}:{line}: {m} ({LAYERS[rank(m)][0]}) imports "
                     f"{n} ({LAYERS[rank(n)][0]})"
                 )
-    assert not bad, "imports that go up a layer:\n" + "\n".join(bad)
+    return bad
 
 
-def test_data_layer_imports_only_errors_from_fedhmc():
-    bad = [
-        f"{m} imports {n}"
-        for m in MODULES
-        if m.startswith("fedhmc_datasets")
-        for n in GRAPH[m]
-        if n.startswith("fedhmc.") and n != "fedhmc.errors"
-    ]
-    assert not bad, bad
-
-
-def test_no_import_cycles():
+def import_cycles(sources: dict[str, Source]) -> list[str]:
+    """Every cycle of the module graph (function-level imports included), as a -> b -> a."""
+    edges = graph(sources)
     state: dict[str, int] = {}
     stack: list[str] = []
     cycles = []
@@ -128,7 +157,7 @@ def test_no_import_cycles():
     def visit(m):
         state[m] = 1
         stack.append(m)
-        for n in GRAPH[m]:
+        for n in edges[m]:
             if n == "fedhmc" or n.startswith(m + "."):
                 continue  # a package importing its own submodules (re-exports)
             if state.get(n) == 1:
@@ -138,29 +167,212 @@ def test_no_import_cycles():
         stack.pop()
         state[m] = 2
 
-    for m in MODULES:
+    for m in sources:
         if m not in state:
             visit(m)
+    return cycles
+
+
+def _under(module: str, prefixes) -> bool:
+    return any(module == p or module.startswith(p + ".") for p in prefixes)
+
+
+def flwr_imports(src: Source) -> list[str]:
+    """Imports of flwr in a module outside FLWR_ALLOWED."""
+    if _under(src.name, FLWR_ALLOWED):
+        return []
+    bad = []
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Import):
+            mods = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            mods = [node.module]
+        else:
+            continue
+        bad += [f"{src.path}:{node.lineno}: imports {m}" for m in mods if m.split(".")[0] == "flwr"]
+    return bad
+
+
+_PATH_METHODS = {"insert", "append", "extend", "remove", "pop", "clear"}
+
+
+def path_edits(src: Source) -> list[str]:
+    """Changes to sys.path in a module of TOOLS: a call of its list methods, an assignment
+    to it or to an item or slice of it, a del, or site.addsitedir."""
+    if not _under(src.name, TOOLS):
+        return []
+    sys_names, path_names, site_names = set(), set(), set()
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                if a.name == "sys":
+                    sys_names.add(a.asname or "sys")
+                elif a.name == "site":
+                    site_names.add(a.asname or "site")
+        elif isinstance(node, ast.ImportFrom) and node.module == "sys" and not node.level:
+            path_names |= {a.asname or a.name for a in node.names if a.name == "path"}
+
+    def is_path(node) -> bool:
+        if isinstance(node, ast.Subscript):
+            node = node.value
+        if isinstance(node, ast.Attribute) and node.attr == "path":
+            return isinstance(node.value, ast.Name) and node.value.id in sys_names
+        return isinstance(node, ast.Name) and node.id in path_names
+
+    bad = []
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            f = node.func
+            if f.attr in _PATH_METHODS and is_path(f.value):
+                bad.append(f"{src.path}:{node.lineno}: sys.path.{f.attr}(…)")
+            elif (
+                f.attr == "addsitedir"
+                and isinstance(f.value, ast.Name)
+                and f.value.id in site_names
+            ):
+                bad.append(f"{src.path}:{node.lineno}: site.addsitedir(…)")
+        elif isinstance(node, ast.Assign | ast.AugAssign | ast.AnnAssign | ast.Delete):
+            targets = node.targets if isinstance(node, ast.Assign | ast.Delete) else [node.target]
+            if any(is_path(t) for t in targets):
+                bad.append(f"{src.path}:{node.lineno}: sys.path changed")
+    return bad
+
+
+# ------------------------------------------------------------------------------ this repository
+SOURCES = load()
+
+
+def test_every_module_has_a_layer():
+    for m in SOURCES:
+        rank(m)
+
+
+def test_the_tools_are_checked_too():
+    assert {"benchmarks.suite", "benchmarks.deploy", "deploy.faults", "deploy.loopback"} <= set(
+        SOURCES
+    )
+    assert "deploy.loopback" in graph(SOURCES)["deploy.faults"]  # a bare sibling import
+    assert "deploy.loopback" in graph(SOURCES)["benchmarks.deploy"]
+
+
+def test_imports_only_go_down():
+    bad = upward_imports(SOURCES)
+    assert not bad, "imports that go up a layer:\n" + "\n".join(bad)
+
+
+def test_data_layer_imports_only_errors_from_fedhmc():
+    edges = graph(SOURCES)
+    bad = [
+        f"{m} imports {n}"
+        for m in SOURCES
+        if m.startswith("fedhmc_datasets")
+        for n in edges[m]
+        if n.startswith("fedhmc.") and n != "fedhmc.errors"
+    ]
+    assert not bad, bad
+
+
+def test_no_import_cycles():
+    cycles = import_cycles(SOURCES)
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
-@pytest.mark.parametrize("module", sorted(MODULES))
+@pytest.mark.parametrize("module", sorted(SOURCES))
 def test_only_the_flower_layer_imports_flwr(module):
-    if module.startswith(("fedhmc_server", "fedhmc_clients")):
-        return
-    tree = ast.parse(MODULES[module].read_text())
-    for node in ast.walk(tree):
-        if isinstance(node, ast.Import):
-            assert not any(a.name.split(".")[0] == "flwr" for a in node.names), module
-        if isinstance(node, ast.ImportFrom) and node.module:
-            assert node.module.split(".")[0] != "flwr", module
+    bad = flwr_imports(SOURCES[module])
+    assert not bad, "\n".join(bad)
 
 
-def test_the_rules_can_fail():
-    """The checker itself: an upward import and a cycle are caught."""
+def test_the_tools_edit_nothing_on_sys_path():
+    bad = [line for src in SOURCES.values() for line in path_edits(src)]
+    assert not bad, "sys.path edits (run the tool from the repository root instead):\n" + "\n".join(
+        bad
+    )
+
+
+# ------------------------------------------------------------------------------ the rules can fail
+def test_the_layer_order_itself():
     assert rank("fedhmc.core.rng") < rank("fedhmc.runtime.engine")
     assert rank("fedhmc_datasets.mnist") < rank("fedhmc.models.targets")
     assert rank("fedhmc.cli.main") > rank("fedhmc_server.app")
+    assert rank("fedhmc.cli.main") < rank("deploy.loopback") < rank("benchmarks.deploy")
+
+
+def test_an_upward_import_is_caught():
+    sources = {
+        "fedhmc.core.rng": source(
+            "fedhmc.core.rng", "def f():\n    import fedhmc.runtime.engine\n"
+        ),
+        "fedhmc.runtime.engine": source("fedhmc.runtime.engine", "x = 1\n"),
+    }
+    (bad,) = upward_imports(sources)
+    assert bad == (
+        "fedhmc/core/rng.py:2: fedhmc.core.rng (core) imports fedhmc.runtime.engine (runtime)"
+    )
+
+
+def test_the_library_importing_a_tool_is_caught():
+    sources = {
+        "fedhmc.runtime.engine": source(
+            "fedhmc.runtime.engine", "from benchmarks.suite import x\n"
+        ),
+        "benchmarks.suite": source("benchmarks.suite", "x = 1\n"),
+    }
+    assert len(upward_imports(sources)) == 1
+
+
+def test_flwr_in_the_core_is_caught():
+    for text in (
+        "import flwr\n",
+        "from flwr.app import Message\n",
+        "def f():\n    import flwr.app\n",
+    ):
+        assert flwr_imports(source("fedhmc.core.rng", text)), text
+    assert not flwr_imports(source("fedhmc_server.app", "from flwr.app import Message\n"))
+
+
+def test_a_cycle_between_two_benchmark_modules_is_caught():
+    sources = {
+        "benchmarks.suite": source("benchmarks.suite", "from benchmarks.threads import run\n"),
+        "benchmarks.threads": source(
+            "benchmarks.threads", "def run():\n    from benchmarks.suite import helper\n"
+        ),
+    }
+    assert import_cycles(sources) == ["benchmarks.suite -> benchmarks.threads -> benchmarks.suite"]
+    sources["benchmarks.threads"] = source("benchmarks.threads", "def run():\n    pass\n")
+    assert import_cycles(sources) == []
+
+
+def test_a_cycle_through_bare_sibling_imports_of_scripts_is_caught():
+    sources = {
+        "deploy.faults": source("deploy.faults", "from loopback import Deployment\n"),
+        "deploy.loopback": source("deploy.loopback", "def f():\n    import faults\n"),
+    }
+    assert import_cycles(sources) == ["deploy.faults -> deploy.loopback -> deploy.faults"]
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "import sys\nsys.path.insert(0, 'deploy')\n",
+        "import sys\ndef f():\n    sys.path.append('deploy')\n",
+        "import sys as _s\n_s.path.extend(['deploy'])\n",
+        "from sys import path\npath.insert(0, 'deploy')\n",
+        "import sys\nsys.path[:0] = ['deploy']\n",
+        "import sys\nsys.path += ['deploy']\n",
+        "import sys\nsys.path = ['deploy', *sys.path]\n",
+        "import sys\ndel sys.path[0]\n",
+        "import site\nsite.addsitedir('deploy')\n",
+    ],
+)
+def test_a_sys_path_edit_in_a_tool_is_caught(text):
+    (bad,) = path_edits(source("benchmarks.deploy", text))
+    assert bad.startswith("benchmarks/deploy.py:"), bad
+
+
+def test_reading_sys_path_is_not_an_edit():
+    text = "import sys\nprint(sys.path[0], list(sys.path))\nx = 'deploy' in sys.path\n"
+    assert path_edits(source("deploy.faults", text)) == []
 
 
 def test_the_earlier_module_names_are_gone():

@@ -121,8 +121,9 @@ def test_gaussian_single_client_equals_batched():
     batched = fahmc.step(5, fahmc.init(theta_bar, s), target, s)[0].position
     message = fahmc.Broadcast(1, round_seed(5, 1), theta_bar)
     ones = [
-        client_update(message, target.client(c), s, torch.tensor([client_seed(5, c)]))
-        .position[:, 0]
+        client_update(message, target.client(c), s, torch.tensor([client_seed(5, c)])).position[
+            :, 0
+        ]
         for c in range(4)
     ]
     torch.testing.assert_close(sum(0.25 * o for o in ones), batched)

@@ -1,0 +1,113 @@
+"""What the benchmark's groups share: the problem shapes, the interleaved timer, the
+engine's timed rounds and posteriors' SGHMC.
+
+The suite (``benchmarks.suite``) and its groups (``benchmarks.threads``,
+``benchmarks.models``) import these from here, so that no group imports the suite that
+runs it.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+
+from fedhmc.algorithms import fahmc
+from fedhmc.runtime.config import RunConfig
+
+FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+
+
+@dataclass
+class Shape:
+    key: str
+    label: str
+    dataset: str
+    num_clients: int
+    batch: int  # 0: full batch
+    model: str = "logistic"
+    loop_target: float | None = None  # the issue's "engine ≥ x × loop" target, if any
+    posteriors_target: float | None = None
+
+
+def fmnist_available() -> bool:
+    return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
+
+
+def interleaved(fns: dict, repeats: int) -> dict[str, float]:
+    """Median seconds of each function, warmed up, the repeats interleaved (fair under load)."""
+    for fn in fns.values():
+        fn()
+    times: dict[str, list[float]] = {k: [] for k in fns}
+    for _ in range(repeats):
+        for k, fn in fns.items():
+            t0 = time.perf_counter()
+            fn()
+            times[k].append(time.perf_counter() - t0)
+    return {k: statistics.median(v) for k, v in times.items()}
+
+
+def shape_config(shape: Shape, **kw) -> RunConfig:
+    """The resolved run configuration of one shape (iid, one chain)."""
+    return RunConfig(
+        dataset=shape.dataset,
+        model=shape.model,
+        num_clients=shape.num_clients,
+        batch_size=shape.batch,
+        partition="iid",
+        chains=1,
+        **kw,
+    ).resolve()
+
+
+def engine_fn(target, settings: fahmc.Settings, rounds: int):
+    """The engine's ``rounds`` rounds from θ̄ = 0 on ``target``: what every engine timing runs."""
+
+    def engine():
+        state = fahmc.init(torch.zeros(1, target.dim), settings)
+        for _ in range(rounds):
+            state, _ = fahmc.step(0, state, target, settings)
+
+    return engine
+
+
+def posteriors_fn(modules, Xc, yc, b, full, steps, gen):
+    """posteriors' SGHMC, one chain per client, minibatches as the loop draws them."""
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            import posteriors  # noqa: F401
+            from posteriors.sgmcmc import sghmc
+    except ImportError:
+        return None
+    from torch.func import functional_call
+
+    def make(m, n):
+        def log_posterior(params, batch):
+            xb, yb = batch
+            logits = functional_call(m, params, (xb,))
+            ll = -torch.nn.functional.cross_entropy(logits, yb, reduction="sum")
+            return ll, logits
+
+        params = {k: v.detach().clone() for k, v in m.named_parameters()}
+        transform = sghmc.build(log_posterior, lr=1e-6, alpha=0.01)
+        return transform, transform.init(params)
+
+    chains = [make(m, x.shape[0]) for m, x in zip(modules, Xc, strict=True)]
+
+    def run():
+        for _ in range(steps):
+            for c, (transform, state) in enumerate(chains):
+                if full:
+                    batch = (Xc[c], yc[c])
+                else:
+                    idx = torch.randint(0, Xc[c].shape[0], (b,), generator=gen)
+                    batch = (Xc[c][idx], yc[c][idx])
+                state, _ = transform.update(state, batch, inplace=True)
+                chains[c] = (transform, state)
+
+    return run
