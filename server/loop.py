@@ -133,11 +133,10 @@ def serve(
                 nonfinite += "non-finite" in str(e)
                 continue
 
-            def one(name):
-                x = got.get(name)
-                return None if x is None else torch.as_tensor(x).unsqueeze(1)
-
-            update = ClientUpdate(one("theta"), momentum=one("momentum"), local_grad=one("grad"))
+            rows = {k: torch.as_tensor(v).unsqueeze(1) for k, v in got.items()}
+            update = ClientUpdate(
+                rows["theta"], momentum=rows.get("momentum"), local_grad=rows.get("grad")
+            )
             accepted.append((pid, int(m["num-examples"]), update))
             de = m.get("energy-error")
             if isinstance(de, (int, float)):
