@@ -5,14 +5,14 @@ and a timestamp t, the number of updates it has applied. Workers receive (θ, t)
 stochastic gradient at θ and send it back; the server applies each gradient as soon as it
 arrives, with no waiting for the other workers:
 
-    SGHMC:  q ← (1 − B h) q − h g / T + √(2 B h) ζ_t,   θ ← θ + h q
-    SGLD:   θ ← θ − h g / T + √(2 h) ζ_t
+    SGHMC:  q ← (1 − B h) q − h g / τ + √(2 B h) ζ_t,   θ ← θ + h q
+    SGLD:   θ ← θ − h g / τ + √(2 h) ζ_t
 
 and t ← t + 1. The gradient's staleness is the number of updates applied between the θ the
 worker was sent and this one, t_now − t_sent; a gradient staler than ``max_staleness`` is
-dropped, as in Chen et al.'s Algorithm 1 (``if τ_l ≤ τ``). ζ_t is the chain's counter-based
+dropped, as in Chen et al.'s Algorithm 1 (``if δ_l ≤ δ``). ζ_t is the chain's counter-based
 noise of step t (the stream of :mod:`fedhmc.algorithms.stale`), so a chain whose gradients
-all arrive fresh is ``fedhmc.algorithms.stale``'s chain with τ = 0, bit for bit.
+all arrive fresh is ``fedhmc.algorithms.stale``'s chain with δ = 0, bit for bit.
 
 This module is pure torch: no messages, no clocks. :class:`AsyncChain` is the state
 machine the Flower ServerApp (``fedhmc_server.async_loop``) drives, one per server.
@@ -42,9 +42,9 @@ class Settings:
     method
         ``"sghmc"`` or ``"sgld"``.
     step_size, friction, temperature
-        h, B (SGHMC) and T, validated as in :class:`fedhmc.algorithms.stale.stale.Settings`.
+        h, B (SGHMC) and τ, validated as in :class:`fedhmc.algorithms.stale.stale.Settings`.
     max_staleness
-        τ: a gradient with staleness > τ is dropped.
+        δ: a gradient with staleness > δ is dropped.
     """
 
     method: str
@@ -56,7 +56,7 @@ class Settings:
     def __post_init__(self) -> None:
         stale.Settings(
             self.method, self.step_size, self.friction, temperature=self.temperature
-        )  # validates h, B, T with one-line messages
+        )  # validates h, B, τ with one-line messages
         if int(self.max_staleness) != self.max_staleness or self.max_staleness < 0:
             raise ConfigError(f"--max-staleness must be an integer ≥ 0, got {self.max_staleness}")
 

@@ -1,20 +1,20 @@
 """SG-MCMC with stale gradients: SGHMC (Euler, friction B) and SGLD (docs/algorithms.md).
 
 Chen et al. (2016), Algorithm 1, and the delayed SGLD of Kungurtsev et al. The gradient at
-step l is evaluated at the position of step l − τ_l:
+step l is evaluated at the position of step l − δ_l:
 
-    SGHMC:  q_{l+1} = (1 − B h) q_l − h ∇Ũ(θ_{l−τ_l}) + √(2 B h) ζ_l,   θ_{l+1} = θ_l + h q_{l+1}
-    SGLD:   θ_{l+1} = θ_l − h ∇Ũ(θ_{l−τ_l}) + √(2 h) ζ_l
+    SGHMC:  q_{l+1} = (1 − B h) q_l − h ∇Ũ(θ_{l−δ_l}) + √(2 B h) ζ_l,   θ_{l+1} = θ_l + h q_{l+1}
+    SGLD:   θ_{l+1} = θ_l − h ∇Ũ(θ_{l−δ_l}) + √(2 h) ζ_l
 
-with ζ_l ~ N(0, I), and τ_l = τ ("fixed") or drawn uniformly from {0, …, τ} ("uniform"),
-independently per chain and step. For l < τ_l the gradient is evaluated at θ_0 (the chain
-has no earlier positions). A posterior temperature T divides ∇Ũ (the target is
-exp(−U/T)). τ = 0 is plain SGHMC / SGLD.
+with ζ_l ~ N(0, I), and δ_l = δ ("fixed") or drawn uniformly from {0, …, δ} ("uniform"),
+independently per chain and step. For l < δ_l the gradient is evaluated at θ_0 (the chain
+has no earlier positions). A posterior temperature τ divides ∇Ũ (the target is
+exp(−U/τ)). δ = 0 is plain SGHMC / SGLD.
 
 Everything is vectorised over S independent chains (positions (S, D)). Past positions live
-in a ring buffer of τ + 1 slots: position θ_j sits in slot j mod (τ + 1), so the τ + 1 most
+in a ring buffer of δ + 1 slots: position θ_j sits in slot j mod (δ + 1), so the δ + 1 most
 recent positions are always there and nothing else is copied. Randomness is counter-based
-(``fedhmc.core.rng``): the noise and the τ_l of step l come from the chain's key and l alone,
+(``fedhmc.core.rng``): the noise and the δ_l of step l come from the chain's key and l alone,
 so advancing 10 then 15 steps gives exactly the 25-step chain.
 """
 
@@ -51,11 +51,11 @@ class Settings:
     friction
         B ≥ 0 (SGHMC only; B h ≤ 1 keeps the momentum decay in [0, 1]).
     staleness
-        τ ≥ 0.
+        δ ≥ 0.
     staleness_dist
-        ``"fixed"`` (τ_l = τ) or ``"uniform"`` (τ_l uniform on {0, …, τ}).
+        ``"fixed"`` (δ_l = δ) or ``"uniform"`` (δ_l uniform on {0, …, δ}).
     temperature
-        T > 0: the chain targets exp(−U/T).
+        τ > 0: the chain targets exp(−U/τ).
     grad_noise
         σ_g ≥ 0 of Gaussian noise added to every gradient.
     steps
@@ -84,7 +84,7 @@ class Settings:
                 "momentum decay negative; lower --friction or --step-size"
             )
         if int(self.staleness) != self.staleness or self.staleness < 0:
-            raise ConfigError(f"staleness τ must be an integer ≥ 0, got {self.staleness}")
+            raise ConfigError(f"staleness δ must be an integer ≥ 0, got {self.staleness}")
         if self.staleness_dist not in STALENESS_DISTS:
             raise ConfigError(
                 f"staleness distribution must be one of {', '.join(STALENESS_DISTS)}; "
@@ -103,7 +103,7 @@ class State:
     momentum: torch.Tensor
     """Current momenta q_l, (S, D) (zeros for SGLD)."""
     ring: torch.Tensor
-    """The last τ + 1 positions, (τ + 1, S, D): θ_j in slot j mod (τ + 1)."""
+    """The last δ + 1 positions, (δ + 1, S, D): θ_j in slot j mod (δ + 1)."""
     step: int = 0
     """l: the number of steps taken."""
 
@@ -130,7 +130,7 @@ def chain_keys(seed: int, chains: int | torch.Tensor) -> torch.Tensor:
 
 
 def delays(keys: torch.Tensor, step: int, settings: Settings) -> torch.Tensor:
-    """τ_l of every chain at step l: (S,) int64."""
+    """δ_l of every chain at step l: (S,) int64."""
     S, tau = keys.shape[0], settings.staleness
     if tau == 0 or settings.staleness_dist == "fixed":
         return torch.full((S,), tau, dtype=torch.int64, device=keys.device)
@@ -173,7 +173,7 @@ def _advance(
     step = state.step
     for _ in range(num_steps):
         tau_l = delays(keys, step, settings)
-        src = torch.remainder(step - tau_l, slots)  # slot of θ_{max(l − τ_l, 0)}
+        src = torch.remainder(step - tau_l, slots)  # slot of θ_{max(l − δ_l, 0)}
         stale = theta if settings.staleness == 0 else ring[src, chain_idx]
         g = grad_fn(stale, step)
         g = gradients.tempered(g, settings.temperature)

@@ -1,4 +1,4 @@
-"""What the samplers expect of a target and a model, as typed Protocols.
+"""What the samplers expect of a target and a model, as typed interfaces (``typing.Protocol``).
 
 Any object with these methods can be sampled: :class:`~fedhmc.models.targets.DataTarget`
 (data on clients) and :class:`~fedhmc.models.targets.GaussianTarget` (the synthetic

@@ -65,6 +65,24 @@ _GENERIC_DEFAULTS = {
 }
 
 
+STEP_SIZE_MEANINGS = {
+    "eta": "η, the leapfrog step (FA-LD's Langevin learning rate is η²/2)",
+    "h": "h, the Euler step of SGHMC / SGLD",
+}
+"""What ``--step-size`` is, by its symbol in sweep cell ids."""
+
+
+def step_size_symbol(algorithm: str) -> str:
+    """The symbol of ``--step-size`` under ``algorithm``: ``eta`` for the leapfrog samplers,
+    ``h`` for the Euler ones."""
+    return "h" if algorithm in STALE_ALGORITHMS or algorithm in ASYNC_ALGORITHMS else "eta"
+
+
+def step_size_meaning(algorithm: str) -> str:
+    """What ``--step-size`` means under ``algorithm``, in words (``config.json`` records it)."""
+    return STEP_SIZE_MEANINGS[step_size_symbol(algorithm)]
+
+
 def protocol_settings(protocol: str, dataset: str) -> dict:
     """The options ``--protocol`` sets on ``dataset`` (field names → values).
 
@@ -187,7 +205,12 @@ class RunConfig:
     leapfrog_steps: int | None = _f(
         None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
     )
-    step_size: float | None = _f(None, "η: leapfrog step size (default per dataset)")
+    step_size: float | None = _f(
+        None,
+        "the algorithm's own step (default per dataset): η, the leapfrog step, for fahmc, "
+        "fald and fahmc-debiased (FA-LD's Langevin learning rate is η²/2); h, the Euler "
+        "step, for sghmc, sgld, async-sghmc and async-sgld",
+    )
     rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
     minibatch: str | None = _f(
@@ -199,9 +222,9 @@ class RunConfig:
     anchor_batch_size: int = _f(
         0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
     )
-    staleness: int = _f(0, "sghmc/sgld: gradient staleness τ (steps)")
+    staleness: int = _f(0, "sghmc/sgld: gradient staleness δ (steps)")
     staleness_dist: str = _f(
-        "fixed", "sghmc/sgld: τ_l = τ (fixed) or uniform on {0, …, τ}", choices=STALENESS_DISTS
+        "fixed", "sghmc/sgld: δ_l = δ (fixed) or uniform on {0, …, δ}", choices=STALENESS_DISTS
     )
     friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
     max_staleness: int = _f(

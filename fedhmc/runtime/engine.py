@@ -360,7 +360,9 @@ def _run_locked(
     if resumed is not None:
         keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
     writer = RunWriter(cfg.out, columns, keep_rows=keep)
-    writer.write_config(cfg.to_dict())
+    from fedhmc.runtime.config import step_size_meaning
+
+    writer.write_config({**cfg.to_dict(), "step_size_means": step_size_meaning(cfg.algorithm)})
     tb = None
     if cfg.tensorboard:
         from fedhmc.runtime.output import TensorBoardLog
@@ -639,8 +641,8 @@ def run(
         )
     if cfg.algorithm in ASYNC_ALGORITHMS:
         raise ConfigError(
-            f"--algorithm {cfg.algorithm} is a protocol between a server and Flower workers; "
-            "add --backend flower (or use --algorithm sghmc/sgld for the in-process sampler)"
+            f"--algorithm {cfg.algorithm} is a message exchange between a server and Flower "
+            "workers; add --backend flower (or use --algorithm sghmc/sgld in process)"
         )
     device = torch.device(cfg.device)
     if problem is None:

@@ -11,12 +11,11 @@ import os
 import re
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import RunConfig, step_size_symbol
 
 _ABBREV = {
     "leapfrog-steps": "K",
     "local-steps": "T",
-    "step-size": "eta",
     "seed": "s",
     "num-clients": "N",
     "dim": "d",
@@ -123,11 +122,13 @@ def cell_id(settings: dict, cell: dict) -> str:
     for key in cell:
         typed = getattr(cfg, key.replace("-", "_"))
         text = f"{typed:g}" if isinstance(typed, float) else str(typed)
-        parts.append(_ABBREV.get(key, key) + text)
+        abbrev = step_size_symbol(cfg.algorithm) if key == "step-size" else _ABBREV.get(key, key)
+        parts.append(abbrev + text)
     prefix = re.sub(r"[^A-Za-z0-9.+=-]+", "-", "_".join(parts).replace("_", "~"))
     prefix = prefix.replace("~", "_")[:48].strip("-_")
     return f"{prefix}-{digest}" if prefix else digest
 
 
-RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every")
-"""Settings that say how a run is carried out, not what it computes."""
+RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every", "step_size_means")
+"""Settings that say how a run is carried out, not what it computes (and what
+``config.json`` records beside the settings: the meaning of ``--step-size``)."""

@@ -3,13 +3,13 @@
 P worker processes on one machine share the parameter tensor X (``share_memory_()``) and
 run SGLD on it,
 
-    X_{k+1} = X_k − γ ∇Ũ(X̂_k) + √(2σγ) G_k,
+    X_{k+1} = X_k − γ ∇Ũ(X̂_k) + √(2τγ) G_k,
 
 where X̂_k is whatever X the worker read before computing its minibatch gradient. Three
 modes, as in the paper's §3.1:
 
 - ``sync``: two barriers per iteration. Every worker reads the same X, computes its noisy
-  increment −γ ∇Ũ_p(X) + √(2σγ) G_p on its own minibatch, and one updater (worker 0) adds
+  increment −γ ∇Ũ_p(X) + √(2τγ) G_p on its own minibatch, and one updater (worker 0) adds
   the sum of the P increments to X. This is the paper's "updater sums the gradients": an
   SGLD step of size Pγ with the average of P minibatch gradients, deterministic given the
   seed (:func:`sequential_reference` computes the same chain in one process).

@@ -85,9 +85,9 @@ def make_regression(
 
 
 def posterior(problem: Regression, temperature: float = 1.0) -> tuple[torch.Tensor, torch.Tensor]:
-    """Mean and covariance of the target exp(−U/σ), U(β) = ‖y − Φβ‖²/(2s²) + ‖β‖²/(2σ₀²).
+    """Mean and covariance of the target exp(−U/τ), U(β) = ‖y − Φβ‖²/(2s²) + ‖β‖²/(2σ₀²).
 
-    With A = ΦᵀΦ/s² + I/σ₀² (the Hessian of U): mean A⁻¹Φᵀy/s², covariance σA⁻¹.
+    With A = ΦᵀΦ/s² + I/σ₀² (the Hessian of U): mean A⁻¹Φᵀy/s², covariance τA⁻¹.
     """
     phi, s2 = problem.features, problem.noise_var
     prec = phi.T @ phi / s2 + torch.eye(problem.dim, dtype=phi.dtype) / problem.prior_std**2

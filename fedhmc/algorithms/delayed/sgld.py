@@ -1,5 +1,5 @@
 """Delayed SGLD's settings and its update: one worker's noisy increment
-−γ ∇Ũ_p(X̂) + √(2σγ) G_p, with counter-based noise and minibatches, and the ``sync`` chain
+−γ ∇Ũ_p(X̂) + √(2τγ) G_p, with counter-based noise and minibatches, and the ``sync`` chain
 computed in one process (:func:`sequential_reference`).
 """
 
@@ -41,7 +41,7 @@ class Settings:
     chains
         R ≥ 2 independent chains in X.
     temperature
-        σ > 0: the target is exp(−U/σ).
+        τ > 0: the target is exp(−U/τ).
     record_every
         A snapshot of X every ``record_every`` iterations per worker (P · record_every
         increments).
@@ -115,7 +115,7 @@ def increment(
     batch_keys: torch.Tensor,
     j: int,
 ) -> torch.Tensor:
-    """Worker's j-th SGLD increment at the read position x: −γ ∇Ũ(x) + √(2σγ) G_j."""
+    """Worker's j-th SGLD increment at the read position x: −γ ∇Ũ(x) + √(2τγ) G_j."""
     g = gradient(problem, x, batch_keys, j, s.batch_size)
     noise = rng.normal(noise_keys, j, problem.dim, dtype=torch.float64)
     return -s.step_size * g + math.sqrt(2.0 * s.temperature * s.step_size) * noise
@@ -126,7 +126,7 @@ def sequential_reference(
 ) -> torch.Tensor:
     """The ``sync`` chain computed in this process, as a plain loop: snapshots (C + 1, R, d).
 
-    Iteration k: X ← X + Σ_{p=0}^{P−1} (−γ ∇Ũ_p(X) + √(2σγ) G_{p,k}), with worker p's keys.
+    Iteration k: X ← X + Σ_{p=0}^{P−1} (−γ ∇Ũ_p(X) + √(2τγ) G_{p,k}), with worker p's keys.
     """
     s = settings.validate()
     R, d = s.chains, problem.dim
@@ -170,7 +170,7 @@ def init(position: torch.Tensor, settings: Settings) -> State:
 
 
 def step(key: int, state: State, target: Regression, settings: Settings) -> tuple[State, Info]:
-    """One ``sync`` iteration, in this process: X ← X + Σ_p (−γ ∇Ũ_p(X) + √(2σγ) G_{p,k}),
+    """One ``sync`` iteration, in this process: X ← X + Σ_p (−γ ∇Ũ_p(X) + √(2τγ) G_{p,k}),
     every worker p reading the same X with its own keys derived from ``key`` (the run
     seed). ``target`` is the regression problem, a gradient oracle whose minibatches are
     drawn with replacement. The multi-process driver (``run_delayed``) computes the same
