@@ -1,0 +1,38 @@
+"""One meaning per name: what --step-size is under each algorithm, said in --help,
+recorded in config.json and used in sweep cell ids."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+
+from fedhmc.runtime.config import ALGORITHMS, RunConfig, step_size_meaning, step_size_symbol
+from fedhmc.sweep.grid import cell_id
+
+
+@pytest.mark.parametrize("algorithm", ALGORITHMS)
+def test_every_algorithm_has_one_step_size_meaning(algorithm):
+    symbol = step_size_symbol(algorithm)
+    euler = algorithm in ("sghmc", "sgld", "async-sghmc", "async-sgld")
+    assert symbol == ("h" if euler else "eta")
+    assert step_size_meaning(algorithm).startswith("h," if euler else "η,")
+    (field,) = [f for f in dataclasses.fields(RunConfig) if f.name == "step_size"]
+    assert algorithm in field.metadata["help"]
+
+
+@pytest.mark.parametrize("algorithm, prefix", [("fahmc", "eta0.01"), ("sgld", "h0.01")])
+def test_cell_ids_name_the_step_by_its_symbol(algorithm, prefix):
+    cid = cell_id({"algorithm": algorithm, "step-size": "0.01"}, {"step-size": "0.01"})
+    assert cid.startswith(prefix + "-"), cid
+
+
+def test_config_json_records_what_the_step_size_means(tmp_path):
+    from fedhmc.runtime.engine import run
+
+    cfg = RunConfig(dataset="gaussian-hetero", algorithm="sgld", rounds=2, chains=2,
+                    out=str(tmp_path / "r"))  # fmt: skip
+    run(cfg, progress=False)
+    config = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert config["step_size_means"] == step_size_meaning("sgld")
