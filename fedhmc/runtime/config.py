@@ -65,6 +65,9 @@ _GENERIC_DEFAULTS = {
 }
 
 
+RECORDED_ONLY = ("step_size_means",)
+"""What ``config.json`` records beside the settings (not settings: dropped on reading)."""
+
 STEP_SIZE_MEANINGS = {
     "eta": "η, the leapfrog step (FA-LD's Langevin learning rate is η²/2)",
     "h": "h, the Euler step of SGHMC / SGLD",

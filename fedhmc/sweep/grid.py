@@ -11,7 +11,7 @@ import os
 import re
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import RunConfig, step_size_symbol
+from fedhmc.runtime.config import RECORDED_ONLY, RunConfig, step_size_symbol
 
 _ABBREV = {
     "leapfrog-steps": "K",
@@ -129,6 +129,6 @@ def cell_id(settings: dict, cell: dict) -> str:
     return f"{prefix}-{digest}" if prefix else digest
 
 
-RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every", "step_size_means")
+RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every", *RECORDED_ONLY)
 """Settings that say how a run is carried out, not what it computes (and what
-``config.json`` records beside the settings: the meaning of ``--step-size``)."""
+``config.json`` records beside the settings)."""
