@@ -32,7 +32,7 @@ def fahmc_gaussian_stationary(
     Monte Carlo tolerances alone.
 
     With ``debiased=True`` it is the law of debiased FA-HMC (docs/algorithms.md) with the
-    previous-anchor schedule of :func:`fedhmc.algorithms.fahmc.debiased_round`: client c's gradient
+    previous-anchor schedule of ``fedhmc.algorithms.debiased``: client c's gradient
     becomes a_c θ + (ā − a_c) θ_a − Σ_j w_j a_j μ_j (a_c = 1/s_c², ā = Σ w_c a_c; the μ_c
     cancel), where θ_a = θ̄_{r−2} is the anchor, so a round maps
     θ̄_r = α θ̄_{r−1} + α_a θ̄_{r−2} + β + N(0, γ): an AR(2) with stationary mean
