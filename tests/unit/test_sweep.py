@@ -14,7 +14,14 @@ import pytest
 
 from fedhmc.cli.main import main
 from fedhmc.sweep.grid import cell_id, expand_grid, load_sweep_file, parse_grid
-from fedhmc.sweep.table import format_summary, read_table, select_best, summarize
+from fedhmc.sweep.table import (
+    format_mean_std,
+    format_summary,
+    mean_std,
+    read_table,
+    select_best,
+    summarize,
+)
 
 TINY = ["--rounds", "3", "--local-steps", "2", "--leapfrog-steps", "2"]
 GRID = "step-size=0.005,0.01 seed=0,1"
@@ -205,6 +212,19 @@ def test_summary_mean_and_std_over_seeds():
     assert s["groups"][s["best"]["accuracy"]]["settings"] == best
     text = format_summary(s)
     assert "1.2 ± 0.42" in text and "best nll_mean (lowest): leapfrog-steps=10" in text
+
+
+def test_the_sd_of_one_value_is_undefined_not_zero():
+    mean, sd = mean_std([0.25])
+    assert mean == 0.25 and math.isnan(sd)
+    assert all(math.isnan(x) for x in mean_std([None, float("nan")]))  # no value at all
+    assert format_mean_std(mean, sd) == "0.25 ± —"
+    assert format_mean_std(0.8123, 0.0, ".4f", ".4f") == "0.8123 ± 0.0000"  # a real 0
+    assert format_mean_std(math.nan, math.nan) == "—"
+    # The summary of a one-seed table says so, with the same "—".
+    one = [r for r in _known_table() if r["seed"] == 0]
+    text = format_summary(summarize(one, metrics=["nll_mean"]))
+    assert "± —" in text and "± 0" not in text and "nan" not in text
 
 
 @pytest.mark.parametrize(
