@@ -37,6 +37,7 @@ from pathlib import Path
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
+from fedhmc.sweep.cells import FolderLock, pending_cells, run_cells
 
 AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7)
 """The step sizes the authors' tuning script tries (temperature 0.005)."""
@@ -184,44 +185,11 @@ def _cell_id(protocol: str, axis: str, value: int, eta: float | None, seed: int 
     return "_".join(parts)
 
 
-def _run_cells(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str) -> None:
-    """Run the cells not yet completed, ``workers`` at a time, with a progress bar."""
-    from fedhmc.sweep.cells import _cell_done, run_cell, stop_if_interrupted
-
-    todo = []
-    for cid, settings in cells:
-        cell_dir = out / "cells" / cid
-        cfg = RunConfig.from_mapping({**settings, "out": str(cell_dir)})
-        if not _cell_done(cell_dir, cfg):
-            todo.append((cid, settings))
-    if not todo:
-        return
-    from fedhmc.core.progress import bar_or_null
-
-    bar = bar_or_null(len(todo), desc, "cell")
-    if workers <= 1:
-        for cid, settings in todo:
-            res = run_cell(settings, str(out / "cells" / cid), threads=None)
-            bar.update(1)
-            if res["status"] == "interrupted":
-                bar.close()
-            stop_if_interrupted(cid, res)
-    else:
-        import multiprocessing
-        from concurrent.futures import ProcessPoolExecutor, as_completed
-
-        from fedhmc.sweep.cells import _init_worker
-
-        threads = max(1, (os.cpu_count() or 1) // workers)
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(workers, ctx, _init_worker, (threads,)) as pool:
-            futures = [
-                pool.submit(run_cell, settings, str(out / "cells" / cid), threads)
-                for cid, settings in todo
-            ]
-            for _ in as_completed(futures):
-                bar.update(1)
-    bar.close()
+def _run_missing(out: Path, cells: list[tuple[str, dict]], workers: int, desc: str) -> None:
+    """Run the cells not yet finished, ``workers`` at a time (each worker with its share
+    of the cores' torch threads), with a progress bar."""
+    threads = max(1, (os.cpu_count() or 1) // workers) if workers > 1 else None
+    run_cells(out, pending_cells(out, cells), workers=workers, threads=threads, desc=desc)
 
 
 def _read_cell(cell_dir: Path) -> dict | None:
@@ -278,7 +246,7 @@ def tune_eta(
             )
             for i in todo
         ]
-        _run_cells(out, cells, workers, f"{protocol} {fig.axis}={value}: tuning η")
+        _run_missing(out, cells, workers, f"{protocol} {fig.axis}={value}: tuning η")
         tried |= set(todo)
         best = min(sorted(tried), key=lambda i: (nll(i), -i))
         if math.isinf(nll(best)):  # every cell so far diverged: try the next smaller step
@@ -333,8 +301,6 @@ def paper_figure(
     ``seed`` offsets the seeds (seed, seed + 1, …). Returns the summary (also written as
     ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md`` and plots).
     """
-    from fedhmc.sweep.cells import FolderLock
-
     budget = "quick" if quick else "full" if full else "reduced"
     fig = budget_figure(FIGURES[name], budget)
     out_dir = Path(out_dir)
@@ -361,7 +327,7 @@ def _paper_figure(name, out_dir, fig, budget, seed, workers, protocols) -> dict:
             if chosen[v]["eta"] is not None
             for i in range(fig.seeds)
         ]
-        _run_cells(out_dir, runs, workers, f"{protocol}: seeds")
+        _run_missing(out_dir, runs, workers, f"{protocol}: seeds")
         summary = write_tables(name, out_dir, fig, budget, seed)
     summary["wall_s_this_call"] = time.perf_counter() - t0
     return summary

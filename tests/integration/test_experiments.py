@@ -286,7 +286,7 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
             final = {"nll_sum": nll} if status == "completed" else {}
             (d / "summary.json").write_text(json.dumps({"status": status, "final": final}))
 
-    monkeypatch.setattr(paper, "_run_cells", fake_run)
+    monkeypatch.setattr(paper, "_run_missing", fake_run)
     paper.tune_eta(tmp_path, fig, "authors", 10, 0, 1, start)
     sel = paper.select_eta(tmp_path, fig, "authors", 10)
     want = best if best <= 2e-4 else 2e-4  # the largest step that does not diverge
@@ -346,3 +346,17 @@ def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds()
     summary = {**summary, "paper": FIGURES["paper-fmnist-K"].paper}
     last = markdown_table(summary).strip().splitlines()[-1]
     assert last.startswith("| paper (best) |") and last.endswith("| 4,332 |")
+
+
+def test_every_engine_experiment_runs_its_cells_through_sweep_cells():
+    # One cell runner: no experiment runs the engine itself or reaches into sweep.cells'
+    # private helpers.
+    import fedhmc
+
+    root = Path(fedhmc.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "from fedhmc.sweep.cells import _" not in text, path
+        assert "cells._" not in text, path
+        if path.parent.name == "experiments":
+            assert "resume_or_replace" not in text and "engine import run" not in text, path

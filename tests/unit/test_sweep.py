@@ -340,10 +340,10 @@ def test_a_signal_stops_a_paper_experiment_not_just_its_cell(
     from fedhmc.errors import FedHMCError
     from fedhmc.experiments import paper
 
-    monkeypatch.setattr(cells, "_cell_done", lambda cell_dir, cfg: False)
+    monkeypatch.setattr(cells, "cell_done", lambda cell_dir, settings: False)
     todo = [(f"c{i}", {"dataset": "digits", "rounds": 2, "seed": i}) for i in range(3)]
     with pytest.raises(FedHMCError, match="stopped in cell c0"):
-        paper._run_cells(tmp_path, todo, 1, "cells")
+        paper._run_missing(tmp_path, todo, 1, "cells")
     assert len(signalled_cells) == 1
 
 
