@@ -10,11 +10,19 @@ from pathlib import Path
 from fedhmc.viz.plots import new_figure
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a CSV table, every key of any row a column (in the order first seen),
+    written atomically by fedhmc.runtime.output.write_csv_atomic, the one CSV writer."""
+    from fedhmc.runtime.output import write_csv_atomic
+
+    write_csv_atomic(path, rows, list(dict.fromkeys(k for r in rows for k in r)))
+
+
 def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
-    from fedhmc.runtime.output import write_csv_atomic, write_text_atomic
+    from fedhmc.runtime.output import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(out_dir / f"{name}.csv", rows)
+    write_csv(out_dir / f"{name}.csv", rows)
     write_text_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2) + "\n")
 
 

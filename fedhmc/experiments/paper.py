@@ -16,7 +16,8 @@ same otherwise). Both tune η the same way, on seed 0 at a shorter budget, on a 
 √200 ≈ 14 times wider): a descent along the grid from the previous setting's choice that
 stops when the best η's two grid neighbours are both worse (:func:`tune_eta`); the lowest
 final NLL wins. Then every setting runs
-``seeds`` seeds at the chosen η and the table reports mean ± sd of the final BMA metrics.
+``seeds`` seeds at the chosen η and the table reports mean ± sd of the final BMA metrics
+(sd "—" for a single seed).
 
 Stages run in this order, each cell in its own folder under ``cells/``, resumed when it
 completed before: tune (authors), seeds (authors), tune (algorithm3), seeds (algorithm3).
@@ -35,9 +36,11 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
+from fedhmc.experiments._common import write_csv
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
 from fedhmc.sweep.cells import FolderLock, pending_cells, run_cells
+from fedhmc.sweep.table import format_mean_std, mean_std
 
 AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7)
 """The step sizes the authors' tuning script tries (temperature 0.005)."""
@@ -279,13 +282,6 @@ def select_eta(out: Path, fig: Figure, protocol: str, value: int) -> dict:
     return {"tried": tried, "eta": None if best is None else best["eta"], "at_grid_edge": edge}
 
 
-def _mean_sd(values: list[float]) -> tuple[float, float]:
-    n = len(values)
-    mean = sum(values) / n
-    sd = math.sqrt(sum((v - mean) ** 2 for v in values) / (n - 1)) if n > 1 else 0.0
-    return mean, sd
-
-
 def paper_figure(
     name: str,
     out_dir: Path,
@@ -383,7 +379,7 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
                 "grad_evals": by_seed[0][-1]["grad_evals"],
             }
             for m in METRICS:
-                mean, sd = _mean_sd([f[m] for f in finals])
+                mean, sd = mean_std([f[m] for f in finals])
                 row[m] = mean
                 row[f"{m}_sd"] = sd
             row["ece_bins"] = int(by_seed[0][-1].get("ece_bins", 15))
@@ -415,28 +411,17 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
     }
     write_text_atomic(out_dir / f"{stem}.json", json.dumps(summary, indent=2) + "\n")
     if rows:
-        _write_csv(out_dir / f"{stem}.csv", rows)
+        write_csv(out_dir / f"{stem}.csv", rows)
     if curves:
-        _write_csv(out_dir / f"{stem}_curves.csv", curves)
+        write_csv(out_dir / f"{stem}_curves.csv", curves)
         _plot(out_dir / stem, fig, curves)
     write_text_atomic(out_dir / f"{stem}.md", markdown_table(summary))
     return summary
 
 
-def _write_csv(path: Path, rows: list[dict]) -> None:
-    keys = list(dict.fromkeys(k for r in rows for k in r))
-    tmp = path.with_name(path.name + ".tmp")
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=keys)
-        w.writeheader()
-        w.writerows(rows)
-    os.replace(tmp, path)
-
-
-def _mean_pm(row: dict, metric: str, fmt: str) -> str:
-    """``mean ± sd`` of a table row, or the value alone for a single seed (no spread)."""
-    text = format(row[metric], fmt)
-    return text if row["seeds"] == 1 else f"{text} ± {format(row[f'{metric}_sd'], fmt)}"
+def _mean_sd(row: dict, metric: str, spec: str) -> str:
+    """``mean ± sd`` of a table row (fedhmc.sweep.table.format_mean_std: "± —" for one seed)."""
+    return format_mean_std(row[metric], row[f"{metric}_sd"], spec, spec)
 
 
 def markdown_table(summary: dict) -> str:
@@ -462,9 +447,9 @@ def markdown_table(summary: dict) -> str:
             per_round = f"{n} step{'s' if n != 1 else ''}"
         lines.append(
             f"| {r['protocol']} | {r[axis]} | {per_round} | {r['eta']:g}{edge} | {seeds} | "
-            f"{r['rounds']} | {r['grad_evals']:,.0f} | {_mean_pm(r, 'accuracy', '.4f')} | "
-            f"{_mean_pm(r, 'brier', '.4f')} | {_mean_pm(r, 'ece', '.4f')} ({r['ece_bins']}) | "
-            f"{_mean_pm(r, 'nll_sum', ',.0f')} |"
+            f"{r['rounds']} | {r['grad_evals']:,.0f} | {_mean_sd(r, 'accuracy', '.4f')} | "
+            f"{_mean_sd(r, 'brier', '.4f')} | {_mean_sd(r, 'ece', '.4f')} ({r['ece_bins']}) | "
+            f"{_mean_sd(r, 'nll_sum', ',.0f')} |"
         )
     paper = summary.get("paper")
     if paper:
@@ -735,8 +720,8 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         "rows": rows,
         "parity": parity,
     }
-    _write_csv(out_dir / "paper_blr_T.csv", rows)
-    _write_csv(
+    write_csv(out_dir / "paper_blr_T.csv", rows)
+    write_csv(
         out_dir / "paper_blr_T_curves.csv",
         [
             {"protocol": p, "T": T, "samples": n, "me": v}
@@ -744,7 +729,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
             for n, v in c
         ],
     )
-    _write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
+    write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
     write_text_atomic(out_dir / "paper_blr_T.json", json.dumps(summary, indent=2) + "\n")
     _plot_blr(out_dir / "paper_blr_T.png", summary, curves, Ts)
     return summary

@@ -296,6 +296,7 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
 
 def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
     from fedhmc.experiments.paper import markdown_table
+    from fedhmc.sweep.table import mean_std
 
     row = {
         "protocol": "authors",
@@ -325,8 +326,13 @@ def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
     assert "edge of the grid" not in text
     text = markdown_table({**summary, "rows": [{**row, "eta_at_grid_edge": True}]})
     assert "5e-05* |" in text and "edge of the grid" in text
-    one = markdown_table({**summary, "rows": [{**row, "seeds": 1, "diverged_seeds": 0}]})
-    assert "±" not in one and "| 1.0000 | 1.0000 | 1.0000 (20) | 1 |" in one
+    # One seed: its sd is undefined (nan, as mean_std gives it), shown as "—", never "± 0".
+    _, sd = mean_std([1.0])
+    assert math.isnan(sd)
+    single = {**row, "seeds": 1, "diverged_seeds": 0}
+    single.update({f"{m}_sd": sd for m in ("accuracy", "brier", "ece", "nll_sum")})
+    one = markdown_table({**summary, "rows": [single]})
+    assert "| 1.0000 ± — | 1.0000 ± — | 1.0000 ± — (20) | 1 ± — |" in one and "± 0" not in one
 
 
 def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds():
@@ -346,6 +352,14 @@ def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds()
     summary = {**summary, "paper": FIGURES["paper-fmnist-K"].paper}
     last = markdown_table(summary).strip().splitlines()[-1]
     assert last.startswith("| paper (best) |") and last.endswith("| 4,332 |")
+
+
+def test_experiment_csv_has_every_rows_key_as_a_column(tmp_path):
+    from fedhmc.experiments._common import write_csv
+
+    write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2.5}, {"a": 3, "c": None}])
+    with open(tmp_path / "t.csv") as f:
+        assert list(csv.reader(f)) == [["a", "b", "c"], ["1", "2.5", ""], ["3", "", ""]]
 
 
 def test_every_engine_experiment_runs_its_cells_through_sweep_cells():
