@@ -29,6 +29,8 @@ def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
 PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
 """The paper's Fashion-MNIST logistic-regression results after 200 rounds (best settings)."""
 
+PROTOCOL_ORDER = ("authors", "algorithm3")
+"""The two protocols the ``paper-*`` experiments run side by side, in the tables' order."""
 
 BUDGETS = ("quick", "reduced", "full")
 
@@ -79,6 +81,15 @@ def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: di
     fig.savefig(path.with_suffix(".pdf"))
 
 
+def summary_rows(rows: list[dict], hue: str) -> list[dict]:
+    """A data experiment's summary table: the last round of each cell (``hue`` its
+    setting), with the round's metrics and wall time."""
+    last = max(r["round"] for r in rows)
+    final = [r for r in rows if r["round"] == last]
+    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
+    return [{k: r[k] for k in keep if k in r} for r in final]
+
+
 def _data_experiment(
     name: str,
     out_dir: Path,
@@ -94,10 +105,7 @@ def _data_experiment(
     rows = run_cells(out_dir, base, cells)
     file = name.replace("-", "_")
     _write(out_dir, file, rows, {})
-    last = max(r["round"] for r in rows)
-    final = [r for r in rows if r["round"] == last]
-    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
-    table = [{k: r[k] for k in keep if k in r} for r in final]
+    table = summary_rows(rows, hue)
     summary = {
         "experiment": name,
         "protocol": ALGORITHM3,

@@ -173,7 +173,7 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
 
 
 def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
-    from fedhmc.experiments.paper import FIGURES, budget_figure, cell_settings, select_eta
+    from fedhmc.experiments.paper_fmnist import FIGURES, budget_figure, cell_settings, select_eta
 
     out = tmp_path / "p"
     assert main(["experiment", "paper-fmnist-K", "--quick", "--out", str(out)]) == 0
@@ -221,7 +221,7 @@ def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
 
 
 def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path):
-    from fedhmc.experiments.paper import authors_blr_samples
+    from fedhmc.experiments.blr_t import authors_blr_samples
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.engine import run, sampler_settings
     from fedhmc.runtime.problem import build_problem
@@ -271,7 +271,7 @@ def test_paper_blr_t_quick(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("best,start", [(2e-5, None), (5e-4, 1e-5), (2e-7, 1e-5), (1e-6, 1e-6)])
 def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch, best, start):
-    from fedhmc.experiments import paper
+    from fedhmc.experiments import paper_fmnist as paper
 
     fig = paper.FIGURES["paper-fmnist-K"]
     ran = []
@@ -295,7 +295,7 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
 
 
 def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
-    from fedhmc.experiments.paper import markdown_table
+    from fedhmc.experiments.paper_fmnist import markdown_table
     from fedhmc.sweep.table import mean_std
 
     row = {
@@ -336,7 +336,7 @@ def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
 
 
 def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds():
-    from fedhmc.experiments.paper import FIGURES, markdown_table
+    from fedhmc.experiments.paper_fmnist import FIGURES, markdown_table
 
     summary = {
         "title": "t",

@@ -338,12 +338,12 @@ def test_a_signal_stops_a_paper_experiment_not_just_its_cell(
     # "interrupted"); the experiment must stop there instead of starting the next cell.
     import fedhmc.sweep.cells as cells
     from fedhmc.errors import FedHMCError
-    from fedhmc.experiments import paper
+    from fedhmc.experiments import paper_fmnist
 
     monkeypatch.setattr(cells, "cell_done", lambda cell_dir, settings: False)
     todo = [(f"c{i}", {"dataset": "digits", "rounds": 2, "seed": i}) for i in range(3)]
     with pytest.raises(FedHMCError, match="stopped in cell c0"):
-        paper._run_missing(tmp_path, todo, 1, "cells")
+        paper_fmnist._run_missing(tmp_path, todo, 1, "cells")
     assert len(signalled_cells) == 1
 
 

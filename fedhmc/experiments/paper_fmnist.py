@@ -1,6 +1,7 @@
-"""The paper's figures under both protocols: tune η, run seeds, tabulate against the paper.
+"""``paper-fmnist-*``: the paper's Fashion-MNIST figures under both protocols: tune η, run
+seeds, tabulate against the paper.
 
-``fedhmc experiment paper-fmnist-K`` (and its siblings, see :data:`FIGURES`) runs one figure
+``fedhmc experiment paper-fmnist-K`` (and its siblings, see FIGURES) runs one figure
 of Liang et al. (2024) twice, side by side:
 
 - ``authors``: the protocol of the authors' experiment code (``--protocol authors``);
@@ -14,20 +15,19 @@ T leapfrog steps; Algorithm 3 runs T' = max(1, T // K) iterations of K steps per
 same otherwise). Both tune η the same way, on seed 0 at a shorter budget, on a 1-2-5 grid
 (the authors' grid; ten times larger for Algorithm 3, whose untempered posterior is
 √200 ≈ 14 times wider): a descent along the grid from the previous setting's choice that
-stops when the best η's two grid neighbours are both worse (:func:`tune_eta`); the lowest
-final NLL wins. Then every setting runs
-``seeds`` seeds at the chosen η and the table reports mean ± sd of the final BMA metrics
-(sd "—" for a single seed).
+stops when the best η's two grid neighbours are both worse (tune_eta); the lowest final
+NLL wins. Then every setting runs ``seeds`` seeds at the chosen η and the table reports
+mean ± sd of the final BMA metrics (sd "—" for a single seed).
 
-Stages run in this order, each cell in its own folder under ``cells/``, resumed when it
-completed before: tune (authors), seeds (authors), tune (algorithm3), seeds (algorithm3).
-The tables are rewritten after every stage, so a stopped run leaves valid partial tables.
+Stages run in this order, each cell in its own folder under ``cells/`` (run by
+fedhmc.sweep.cells, the one cell runner), resumed when it completed before: tune
+(authors), seeds (authors), tune (algorithm3), seeds (algorithm3). The tables are rewritten
+after every stage, so a stopped run leaves valid partial tables.
 """
 
 from __future__ import annotations
 
 import csv
-import dataclasses
 import json
 import math
 import os
@@ -35,9 +35,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-from fedhmc.errors import ConfigError
-from fedhmc.experiments._common import write_csv
-from fedhmc.runtime.config import RunConfig
+from fedhmc.experiments._common import PAPER_FMNIST as PAPER_FMNIST_200
+from fedhmc.experiments._common import PROTOCOL_ORDER, write_csv
 from fedhmc.runtime.output import write_text_atomic
 from fedhmc.sweep.cells import FolderLock, pending_cells, run_cells
 from fedhmc.sweep.table import format_mean_std, mean_std
@@ -46,8 +45,7 @@ AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7
 """The step sizes the authors' tuning script tries (temperature 0.005)."""
 ALGORITHM3_GRID = tuple(10 * e for e in AUTHORS_GRID)
 """The same ladder one decade up, for the untempered posterior of ``--protocol algorithm3``."""
-PROTOCOL_ORDER = ("authors", "algorithm3")
-PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0, "runs": 5}
+PAPER_FMNIST = {**PAPER_FMNIST_200, "runs": 5}
 """The best values of the paper's Figure 3 (the K sweep), and its runs per setting."""
 PAPER_FMNIST_T = {"accuracy": 0.846, "brier": 0.219, "ece": 0.0082, "nll_sum": 4332.0, "runs": 5}
 """The best values of the paper's Figure 4 (the T sweep), and its runs per setting."""
@@ -292,7 +290,7 @@ def paper_figure(
     workers: int = 1,
     protocols: tuple[str, ...] = PROTOCOL_ORDER,
 ) -> dict:
-    """Run figure ``name`` of :data:`FIGURES` under both protocols into ``out_dir``.
+    """Run figure ``name`` of FIGURES under both protocols into ``out_dir``.
 
     ``seed`` offsets the seeds (seed, seed + 1, …). Returns the summary (also written as
     ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md`` and plots).
@@ -501,337 +499,3 @@ def _plot(stem: Path, fig: Figure, curves: list[dict]) -> None:
         f.suptitle(fig.title + " — solid: authors' protocol, dotted: Algorithm 3", fontsize=9)
         f.tight_layout()
         f.savefig(f"{stem}_{'rounds' if x == 'round' else 'evals'}.png", dpi=110)
-
-
-def check_workers(workers: int) -> int:
-    if workers < 1:
-        raise ConfigError(f"--workers must be ≥ 1, got {workers}")
-    return workers
-
-
-# --------------------------------------------------------------- simulated BLR, Figure 1c
-BLR_BUDGETS = {
-    # d, T values, chains, outer iterations (authors) / iterations (Algorithm 3), reference
-    "quick": (5, (1, 4), 4, 6, (4, 100, 100)),
-    "reduced": (10, (1, 2, 3, 4, 5, 6, 7, 10, 20, 50, 100), 16, 200, (8, 300, 500)),
-    "full": (100, (1, 10, 20, 30, 40, 50, 60, 70, 80, 90, 100), 16, 1000, (16, 1000, 1000)),
-}
-
-
-def authors_blr_samples(target, settings, theta0, seed: int, outer: int, skip=True):
-    """X₀ after each of ``outer`` outer iterations of the restart protocol, (outer, S, D).
-
-    With ``skip``, rounds that hold no step of an outer iteration's last trajectory are not
-    computed: the next trajectory restarts from X₀ with a fresh momentum, and every random
-    number is keyed by its position, so the samples are bit for bit those of running every
-    round (tested). The momentum that such a round would have passed on feeds only the
-    discarded part of the next round.
-    """
-    import torch
-
-    from fedhmc.algorithms.fahmc import State, run_round
-
-    K, T = settings.leapfrog_steps, settings.local_steps
-    state = State(theta0, 0, None, theta0)
-    out = []
-    # Rounds (1-based, within an outer iteration) that hold a step of the last trajectory.
-    first_needed = ((T - 1) * K) // T + 1
-    for o in range(outer):
-        for j in range(1, K + 1):
-            r = o * K + j
-            if skip and j < first_needed:
-                continue
-            state = dataclasses.replace(state, round=r - 1)
-            momentum, origin = state.inputs(settings)
-            if momentum is None and settings.starts_mid_trajectory(r):
-                momentum = torch.zeros_like(theta0)  # feeds a discarded trajectory only
-            theta, info = run_round(
-                target, state.position, seed, r, settings, momentum=momentum, origin=origin
-            )
-            state = state.advanced(settings, theta, info.momentum)
-        out.append(state.position)
-    return torch.stack(out)
-
-
-def algorithm3_blr_samples(target, settings, theta0, seed: int, rounds: int):
-    """θ̄ after each of ``rounds`` rounds of Algorithm 3, (rounds, S, D)."""
-    import torch
-
-    from fedhmc.algorithms.fahmc import run_round
-
-    theta, out = theta0, []
-    for r in range(1, rounds + 1):
-        theta, _ = run_round(target, theta, seed, r, settings)
-        out.append(theta)
-    return torch.stack(out)
-
-
-def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed: int = 0):
-    """Figure 1(c) under both protocols: rounds to reach a marginal error ε against T.
-
-    Simulated BLR, 20 clients, K = 100, η = 0.01, gradients + N(0, 100) noise, ρ = 1. For
-    each T, S chains start at 0 and one global sample per chain is taken per outer iteration
-    (authors' protocol: X₀) or per round (Algorithm 3: θ̄); after each, the ME of all
-    samples so far against the MHMC reference. Rounds to reach ε are counted three ways:
-    the authors' outer iterations, their all-reduces (K per outer iteration: fedhmc's
-    rounds), and Algorithm 3's rounds. Algorithm 3 runs ``iters / T`` rounds (at least 5);
-    the authors' protocol ``iters`` outer iterations whatever T (each is one trajectory of
-    K steps that counts, whatever T).
-
-    It also answers whether the odd/even-T bias of Algorithm 3 at K·η = 1 appears under the
-    authors' protocol: with exact gradients at d = 10, the stationary mean of the samples
-    for each T against the posterior mean (``paper_blr_T_parity.csv``).
-    """
-    import torch
-    from fedhmc_datasets.locate import cache_dir
-
-    from fedhmc.algorithms.fahmc import SamplerSettings
-    from fedhmc.analysis.metrics import wasserstein1_marginals
-    from fedhmc.experiments.blr import blr_config, blr_reference
-    from fedhmc.experiments.blr_t import evaluation_rounds, rounds_to_reach
-    from fedhmc.runtime.problem import build_problem
-
-    budget = "quick" if quick else "full" if full else "reduced"
-    dim, Ts, chains, iters, (rc, rw, rs) = BLR_BUDGETS[budget]
-    # The paper's K = 100, η = 0.01 (Kη = 1); the quick check keeps Kη = 1 with K = 10.
-    K, eta, noise = (10, 0.1, 10.0) if quick else (100, 0.01, 10.0)
-    base = blr_config(dim, chains, seed, K, eta)
-    reference, ref_info = blr_reference(
-        base, chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
-    )
-    target = build_problem(base).target
-    D = target.dim
-    theta0 = torch.zeros(chains, D)
-    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
-    walls: dict[tuple[str, int], float] = {}
-    from fedhmc.core.progress import bar_or_null
-
-    out_dir = Path(out_dir)
-    (out_dir / "cells").mkdir(parents=True, exist_ok=True)
-    key = {
-        "dim": dim,
-        "K": K,
-        "eta": eta,
-        "noise": noise,
-        "chains": chains,
-        "iters": iters,
-        "seed": seed,
-        "reference": [rc, rw, rs],
-        "version": 1,
-    }
-    bar = bar_or_null(2 * len(Ts), "T values", "T")
-    for protocol in PROTOCOL_ORDER:
-        for T in Ts:
-            # One finished (protocol, T) is kept in cells/, so a stopped run resumes there.
-            cell = out_dir / "cells" / f"{protocol}_T={T}.json"
-            try:
-                done = json.loads(cell.read_text())
-            except (OSError, ValueError):
-                done = None
-            if done is not None and done.get("key") == key:
-                curves[(protocol, T)] = [tuple(x) for x in done["curve"]]
-                walls[(protocol, T)] = done["wall_s"]
-                bar.update(1)
-                continue
-            t0 = time.perf_counter()
-            if protocol == "authors":
-                s = SamplerSettings(
-                    eta,
-                    K,
-                    T,
-                    grad_noise=noise,
-                    sync_unit="leapfrog",
-                    fresh_gradients=True,
-                    restart=True,
-                )
-                samples = authors_blr_samples(target, s, theta0, seed, iters)
-            else:
-                s = SamplerSettings(eta, K, T, grad_noise=noise)
-                samples = algorithm3_blr_samples(
-                    target, s, theta0, seed, max(5, math.ceil(iters / T))
-                )
-            if not torch.isfinite(samples).all():
-                raise ConfigError(f"paper-blr-T diverged ({protocol}, T = {T})")
-            curve = []
-            for n in evaluation_rounds(samples.shape[0]):
-                pooled = samples[:n].reshape(-1, D)
-                curve.append((n, float(wasserstein1_marginals(pooled, reference).mean())))
-            curves[(protocol, T)] = curve
-            walls[(protocol, T)] = time.perf_counter() - t0
-            tmp = cell.with_name(cell.name + ".tmp")
-            tmp.write_text(json.dumps({"key": key, "curve": curve, "wall_s": walls[(protocol, T)]}))
-            os.replace(tmp, cell)
-            bar.update(1)
-    bar.close()
-    rows = []
-    # Thresholds shared by both protocols: multiples of the lowest ME any run reached.
-    factors = (1.25, 1.5, 2.0, 3.0)
-    floor = min(v for c in curves.values() for _, v in c)
-    shared = [round(floor * f, 4) for f in factors]
-    eps_by = {}
-    for protocol in PROTOCOL_ORDER:
-        eps_by[protocol] = shared
-        for T in Ts:
-            c = curves[(protocol, T)]
-            row = {
-                "protocol": protocol,
-                "T": T,
-                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
-                "samples_per_chain": c[-1][0],
-                "me_final": c[-1][1],
-                "me_min": min(v for _, v in c),
-            }
-            for i, eps in enumerate(eps_by[protocol]):
-                r = rounds_to_reach(c, eps)
-                if protocol == "authors":
-                    row[f"outer_eps{i}"] = r
-                    row[f"allreduce_eps{i}"] = None if r is None else r * K
-                    row[f"rounds_eps{i}"] = None
-                else:
-                    row[f"outer_eps{i}"] = row[f"allreduce_eps{i}"] = None
-                    row[f"rounds_eps{i}"] = r
-            row["wall_s"] = walls[(protocol, T)]
-            rows.append(row)
-    parity_Ts = (1, 2) if quick else (1, 2, 3, 4, 5, 6, 7, 10)
-    parity_file = out_dir / "cells" / "parity.json"
-    parity_key = {"Ts": list(parity_Ts), "quick": quick, "seed": seed, "version": 1}
-    try:
-        parity = json.loads(parity_file.read_text())
-    except (OSError, ValueError):
-        parity = None
-    if parity is None or parity.get("key") != parity_key:
-        parity = blr_parity(base.replace(dim=10), Ts=parity_Ts, quick=quick)
-        parity["key"] = parity_key
-        write_text_atomic(parity_file, json.dumps(parity, indent=1))
-    summary = {
-        "experiment": "paper-blr-T",
-        "budget": budget,
-        "dim": dim,
-        "clients": 20,
-        "K": K,
-        "step_size": eta,
-        "grad_noise": noise,
-        "chains": chains,
-        "epsilons": eps_by,
-        "epsilon_rule": "1.25, 1.5, 2 and 3 × the lowest ME any run reached (either protocol)",
-        "rounds": "authors: outer iterations (one sample each) and all-reduces = K × outer "
-        "iterations; algorithm3: rounds of T iterations (one sample each)",
-        "reference": ref_info,
-        "rows": rows,
-        "parity": parity,
-    }
-    write_csv(out_dir / "paper_blr_T.csv", rows)
-    write_csv(
-        out_dir / "paper_blr_T_curves.csv",
-        [
-            {"protocol": p, "T": T, "samples": n, "me": v}
-            for (p, T), c in curves.items()
-            for n, v in c
-        ],
-    )
-    write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
-    write_text_atomic(out_dir / "paper_blr_T.json", json.dumps(summary, indent=2) + "\n")
-    _plot_blr(out_dir / "paper_blr_T.png", summary, curves, Ts)
-    return summary
-
-
-def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
-    """Exact gradients, d = 10: the stationary mean of the samples under each protocol,
-    against the posterior mean (the MHMC reference's). Chains start at the reference mean;
-    the first half of the rounds is discarded."""
-    import torch
-    from fedhmc_datasets.locate import cache_dir
-
-    from fedhmc.algorithms.fahmc import SamplerSettings
-    from fedhmc.experiments.blr import blr_reference
-    from fedhmc.runtime.problem import build_problem
-
-    chains, outer = (4, 6) if quick else (64, 200)
-    ref, _ = blr_reference(cfg, chains=8, warmup=300, samples=500, cache=cache_dir() / "reference")
-    post = ref.to(torch.float64).mean(0)
-    target = build_problem(cfg.replace(dtype="float64")).target
-    theta0 = post.expand(chains, -1).clone()
-    K, eta = cfg.leapfrog_steps, cfg.step_size
-    rows = []
-    for protocol in PROTOCOL_ORDER:
-        for T in Ts:
-            if protocol == "authors":
-                s = SamplerSettings(
-                    eta, K, T, sync_unit="leapfrog", fresh_gradients=True, restart=True
-                )
-                x = authors_blr_samples(target, s, theta0, cfg.seed, outer)
-            else:
-                s = SamplerSettings(eta, K, T)
-                x = algorithm3_blr_samples(target, s, theta0, cfg.seed, outer)
-            x = x[outer // 2 :]  # (rounds, S, D)
-            per_chain = x.mean(0)  # (S, D)
-            mean = per_chain.mean(0)
-            se = per_chain.std(0) / math.sqrt(chains)
-            ratio = float(mean.norm() / post.norm())
-            slope = float((mean @ post) / (post @ post))
-            # The ratio's standard error, to first order: se of the projection on post.
-            slope_se = float((se.square() @ post.square()).sqrt() / (post @ post))
-            rows.append(
-                {
-                    "protocol": protocol,
-                    "T": T,
-                    "norm_ratio": ratio,
-                    "slope": slope,
-                    "slope_se": slope_se,
-                    "chains": chains,
-                    "samples_used": x.shape[0],
-                }
-            )
-    return {
-        "what": "stationary mean of the samples / posterior mean, exact gradients, d = "
-        f"{cfg.dim}, K = {K}, η = {eta}: norm ratio ‖m‖/‖m_post‖ and the slope of m on "
-        "m_post (1 = unbiased)",
-        "rows": rows,
-    }
-
-
-def _plot_blr(path: Path, summary: dict, curves: dict, Ts) -> None:
-    import matplotlib
-
-    from fedhmc.viz.plots import new_figure
-
-    f = new_figure(15, 3.8)
-    ax1, ax2, ax3, ax4 = f.subplots(1, 4)
-    # One colour scale over T (the default cycle has 10 colours and repeats them).
-    cmap = matplotlib.colormaps["viridis"]
-    colors = [cmap(i / max(1, len(Ts) - 1)) for i in range(len(Ts))]
-    for ax, protocol in ((ax1, "authors"), (ax2, "algorithm3")):
-        for i, T in enumerate(Ts):
-            c = curves[(protocol, T)]
-            ax.plot(*zip(*c, strict=True), color=colors[i], label=f"T = {T}")
-        for eps in summary["epsilons"][protocol]:
-            ax.axhline(eps, color="k", lw=0.5, ls=":")
-        ax.set_xscale("log")
-        ax.set_xlabel("outer iterations" if protocol == "authors" else "rounds")
-        ax.set_ylabel("ME of the samples so far")
-        ax.set_title(f"{protocol}, d = {summary['dim']}", fontsize=9)
-    ax1.legend(fontsize=6, ncol=2)
-    # The loosest threshold (3 × the floor): the one the most settings reach.
-    for row_key, ls, lab in (
-        ("allreduce_eps3", "-", "authors: all-reduces"),
-        ("outer_eps3", "--", "authors: outer iterations"),
-        ("rounds_eps3", ":", "Algorithm 3: rounds"),
-    ):
-        pts = [(r["T"], r[row_key]) for r in summary["rows"] if r.get(row_key) is not None]
-        if pts:
-            ax3.plot(*zip(*pts, strict=True), "o" + ls, label=lab, ms=3)
-    ax3.set_yscale("log")
-    ax3.set_xlabel("T")
-    ax3.set_ylabel(f"rounds to ME ≤ {summary['epsilons']['authors'][3]:.3g} (3 × floor)")
-    ax3.set_title("missing: never reached", fontsize=8)
-    ax3.legend(fontsize=7)
-    for protocol, m in (("authors", "o-"), ("algorithm3", "s:")):
-        pts = [(r["T"], r["slope"]) for r in summary["parity"]["rows"] if r["protocol"] == protocol]
-        ax4.plot(*zip(*pts, strict=True), m, label=protocol, ms=4)
-    ax4.axhline(1.0, color="k", lw=0.6)
-    ax4.set_xlabel("T")
-    ax4.set_ylabel("stationary mean / posterior mean")
-    ax4.set_title("exact gradients, d = 10", fontsize=9)
-    ax4.legend(fontsize=7)
-    f.tight_layout()
-    f.savefig(path, dpi=110)
