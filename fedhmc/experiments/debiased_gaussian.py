@@ -25,8 +25,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     per-chain time averages), next to the exact stationary bias from
     :func:`fedhmc.models.targets.fahmc_gaussian_stationary`.
     """
-    from fedhmc.algorithms.debiased import debiased_round
-    from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+    from fedhmc.algorithms import debiased, fahmc
     from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
     from fedhmc.models.targets import hetero_gaussian
 
@@ -37,26 +36,28 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     post = target.posterior()
     rows = []
     for T in track(Ts, "T values", "T"):
-        settings = SamplerSettings(eta, K, T, rho=1.0)
+        settings = fahmc.Settings(eta, K, T, rho=1.0)
         for variant in ("fahmc", "fahmc-debiased"):
-            debiased = variant == "fahmc-debiased"
+            algorithm = debiased if variant == "fahmc-debiased" else fahmc
             exact_mean, exact_var, radius = fahmc_gaussian_stationary(
-                target.means, target.variances, target.weights, eta, K, T, 1.0, debiased=debiased
+                target.means,
+                target.variances,
+                target.weights,
+                eta,
+                K,
+                T,
+                1.0,
+                debiased=algorithm is debiased,
             )
             burn = int(math.ceil(math.log(1e-4 / 20) / math.log(radius)))
             collect = max(20, burn // 2) if not quick else 10
-            theta = torch.zeros(chains, dim, dtype=torch.float64)
-            anchor, acc = None, torch.zeros(chains, dim, dtype=torch.float64)
+            state = algorithm.init(torch.zeros(chains, dim, dtype=torch.float64), settings)
+            acc = torch.zeros(chains, dim, dtype=torch.float64)
             t0 = time.perf_counter()
             for r in range(1, burn + collect + 1):
-                if debiased:
-                    theta, anchor, _ = debiased_round(
-                        target, target, theta, anchor, seed, r, settings
-                    )
-                else:
-                    theta, _ = run_round(target, theta, seed, r, settings)
+                state, _ = algorithm.step(state, target, settings, seed=seed)
                 if r > burn:
-                    acc += theta
+                    acc += state.position
             per_chain = (acc / collect).mean(1)  # independent across chains
             est = float(per_chain.mean())
             se = float(per_chain.std() / math.sqrt(chains))

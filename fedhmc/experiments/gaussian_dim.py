@@ -24,7 +24,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     compared with the exact ones (the largest deviation in Monte Carlo standard errors is
     reported; it should be of order 1–4).
     """
-    from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+    from fedhmc.algorithms import fahmc
     from fedhmc.analysis.gaussian import fahmc_gaussian_transient
     from fedhmc.models.targets import hetero_gaussian
 
@@ -53,12 +53,12 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
             "max_dev_se": math.nan,
         }
         if d in check_dims and hit:
-            settings = SamplerSettings(eta, K, T, rho=1.0)
-            theta = torch.zeros(chains, d, dtype=torch.float64)
+            settings = fahmc.Settings(eta, K, T, rho=1.0)
+            state = fahmc.init(torch.zeros(chains, d, dtype=torch.float64), settings)
             worst = 0.0
             for r in range(1, rounds + 1):
-                theta, _ = run_round(target, theta, seed, r, settings)
-                x = theta.flatten()
+                state, _ = fahmc.step(state, target, settings, seed=seed)
+                x = state.position.flatten()
                 se = math.sqrt(vs[r - 1] / x.numel())
                 worst = max(worst, abs(float(x.mean()) - ms[r - 1]) / se)
             row["max_dev_se"] = worst

@@ -32,7 +32,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     preset runs stale SGHMC with friction B = 2√(n + 1) (critical damping of the
     posterior's curvature) and reports what it finds.
     """
-    from fedhmc.algorithms.stale import StaleSettings, advance, chain_keys, init_state
+    from fedhmc.algorithms import stale
     from fedhmc.core import rng
 
     n, batch, C, L0 = 1000, 10, 1.0 / 30.0, 500
@@ -44,7 +44,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     post_mean, post_var = float(data.sum()) / (n + 1), 1.0 / (n + 1)
     phi_bar = post_mean**2 + post_var
     friction = 2.0 * math.sqrt(n + 1)
-    keys = chain_keys(seed, chains)
+    keys = stale.chain_keys(seed, chains)
     batch_keys = rng.derive(keys, 31)
 
     def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
@@ -56,8 +56,8 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     for tau in track(taus, "staleness", "τ"):
         L = L0 * tau
         h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
-        settings = StaleSettings("sghmc", h, friction=friction, staleness=tau)
-        state = init_state(torch.zeros(chains, 1, dtype=torch.float64), settings)
+        settings = stale.Settings("sghmc", h, friction=friction, staleness=tau)
+        state = stale.init(torch.zeros(chains, 1, dtype=torch.float64), settings)
         total = torch.zeros(chains, dtype=torch.float64)
         checkpoints, mse_curve = [], []
         chunk = max(1, L // 50)
@@ -66,7 +66,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         while done < L:
             k = min(chunk, L - done)
             for _ in range(k):
-                state = advance(state, grad, 1, settings, keys)
+                state, _ = stale.step(state, grad, settings, keys=keys)
                 total += state.theta[:, 0].square()
             done += k
             est = total / done

@@ -28,13 +28,7 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     stable at τ = 15). Theory: the variance does not depend on τ, so at the same L̄ it
     falls about W times faster: a linear speed-up in W.
     """
-    from fedhmc.algorithms.stale import (
-        StaleSettings,
-        advance,
-        chain_keys,
-        init_state,
-        target_grad_fn,
-    )
+    from fedhmc.algorithms import stale
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.problem import build_problem
 
@@ -54,25 +48,27 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     problem = build_problem(cfg)
     target, model = problem.target, problem.model
     X_test, y_test = problem.evaluator.X, problem.evaluator.y
-    keys = chain_keys(seed, chains)
-    grad = target_grad_fn(target, keys)
+    keys = stale.chain_keys(seed, chains)
+    grad = stale.target_grad_fn(target, keys)
 
     def test_loss(theta: torch.Tensor) -> torch.Tensor:
         lp = model.log_probs(theta, X_test.to(theta.dtype))  # (S, M, C)
         return -lp.gather(-1, y_test.view(1, -1, 1).expand(theta.shape[0], -1, 1)).mean((1, 2))
 
-    warm = StaleSettings("sgld", h)
-    start = advance(init_state(torch.zeros(chains, target.dim), warm), grad, burn, warm, keys)
+    warm = stale.Settings("sgld", h)
+    start, _ = stale.step(
+        stale.init(torch.zeros(chains, target.dim), warm), grad, warm, keys=keys, num_steps=burn
+    )
     rows, curves = [], {}
     for W in track(workers, "workers", "W"):
-        settings = StaleSettings("sgld", h, staleness=W - 1)
-        state = init_state(start.theta, settings)
+        settings = stale.Settings("sgld", h, staleness=W - 1)
+        state = stale.init(start.theta, settings)
         state.step = start.step
         total = torch.zeros(chains, dtype=torch.float64)
         xs, ys = [], []
         t0 = time.perf_counter()
         for step in range(1, W * per_worker + 1):
-            state = advance(state, grad, 1, settings, keys)
+            state, _ = stale.step(state, grad, settings, keys=keys)
             total += test_loss(state.theta).to(torch.float64)
             if step % W == 0 and (step // W) % max(1, per_worker // 20) == 0:
                 xs.append(step // W)

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.algorithms.fahmc import SamplerSettings, run_round
+from fedhmc.algorithms import fahmc
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary, fahmc_gaussian_transient
 from fedhmc.cli.main import main
 from fedhmc.models.targets import hetero_gaussian
@@ -24,11 +24,11 @@ def test_transient_law_tends_to_the_stationary_law_and_matches_the_sampler():
     m, v, _ = fahmc_gaussian_stationary(*args, grad_noise=1.0)
     assert ms[-1] == pytest_approx(m) and vs[-1] == pytest_approx(v)
     # The sampler, from θ̄_0 = 2, follows the exact per-round mean and variance.
-    chains, s = 2000, SamplerSettings(0.05, 5, 4, rho=0.5, grad_noise=1.0)
-    theta = torch.full((chains, 3), 2.0, dtype=torch.float64)
+    chains, s = 2000, fahmc.Settings(0.05, 5, 4, rho=0.5, grad_noise=1.0)
+    state = fahmc.init(torch.full((chains, 3), 2.0, dtype=torch.float64), s)
     for r in range(1, 6):
-        theta, _ = run_round(target, theta, 0, r, s)
-        x = theta.flatten()
+        state, _ = fahmc.step(state, target, s, seed=0)
+        x = state.position.flatten()
         assert abs(float(x.mean()) - ms[r - 1]) < Z * math.sqrt(vs[r - 1] / x.numel())
         assert abs(float(x.var()) - vs[r - 1]) < Z * vs[r - 1] * math.sqrt(2 / (x.numel() - 1))
 
