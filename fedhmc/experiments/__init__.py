@@ -12,7 +12,7 @@ from pathlib import Path
 
 from fedhmc.experiments.blr_d10 import blr_d10
 from fedhmc.experiments.blr_eta import blr_eta
-from fedhmc.experiments.blr_t import blr_t
+from fedhmc.experiments.blr_t import blr_t, paper_blr_t
 from fedhmc.experiments.cifar2 import cifar2
 from fedhmc.experiments.debiased_gaussian import debiased_gaussian
 from fedhmc.experiments.delayed_sgld import delayed_sgld_experiment
@@ -22,6 +22,7 @@ from fedhmc.experiments.fmnist_mlp import fmnist_mlp
 from fedhmc.experiments.fmnist_t import fmnist_t
 from fedhmc.experiments.gaussian_dim import gaussian_dim
 from fedhmc.experiments.kmnist import kmnist
+from fedhmc.experiments.paper_fmnist import paper_figure
 from fedhmc.experiments.stale_gaussian import stale_gaussian
 from fedhmc.experiments.stale_variance import stale_variance
 
@@ -68,22 +69,13 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
 
 
 def _paper(name: str) -> Callable:
-    def fn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False, workers=1):
-        from fedhmc.experiments.paper import paper_figure
+    """Figure ``name`` of fedhmc.experiments.paper_fmnist.FIGURES as an experiment."""
 
+    def fn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False, workers=1):
         return paper_figure(name, out_dir, quick=quick, full=full, seed=seed, workers=workers)
 
     fn.__name__ = name.replace("-", "_")
     return fn
-
-
-def _paper_blr(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False):
-    from fedhmc.experiments.paper import paper_blr_t
-
-    return paper_blr_t(out_dir, quick=quick, full=full, seed=seed)
-
-
-_paper_blr.__doc__ = "Figure 1(c) under both protocols (see fedhmc.experiments.paper.paper_blr_t)."
 
 
 EXPERIMENTS.update(
@@ -106,7 +98,7 @@ EXPERIMENTS.update(
             "Figure 4's grid on Dirichlet(0.1) clients, both protocols",
         ),
         "paper-blr-T": (
-            _paper_blr,
+            paper_blr_t,
             "Figure 1(c) under both protocols: rounds to reach an ME against T (both ways of "
             "counting the authors' rounds), and the odd/even-T bias question",
         ),

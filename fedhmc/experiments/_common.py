@@ -4,83 +4,59 @@ experiment and the paper's reference numbers.
 
 from __future__ import annotations
 
-import csv
 import json
 from pathlib import Path
 
 from fedhmc.viz.plots import new_figure
 
 
+def write_csv(path: Path, rows: list[dict]) -> None:
+    """``rows`` as a CSV table, every key of any row a column (in the order first seen),
+    written atomically by fedhmc.runtime.output.write_csv_atomic, the one CSV writer."""
+    from fedhmc.runtime.output import write_csv_atomic
+
+    write_csv_atomic(path, rows, list(dict.fromkeys(k for r in rows for k in r)))
+
+
 def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
-    from fedhmc.runtime.output import write_csv_atomic, write_text_atomic
+    from fedhmc.runtime.output import write_text_atomic
 
     out_dir.mkdir(parents=True, exist_ok=True)
-    write_csv_atomic(out_dir / f"{name}.csv", rows)
+    write_csv(out_dir / f"{name}.csv", rows)
     write_text_atomic(out_dir / f"{name}.json", json.dumps(summary, indent=2) + "\n")
 
 
 PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
 """The paper's Fashion-MNIST logistic-regression results after 200 rounds (best settings)."""
 
+PROTOCOL_ORDER = ("authors", "algorithm3")
+"""The two protocols the ``paper-*`` experiments run side by side, in the tables' order."""
 
 BUDGETS = ("quick", "reduced", "full")
 
 
-def run_cells(out_dir: Path, base: dict, cells: list[dict], progress: bool = True) -> list[dict]:
-    """Run each cell (``base`` updated by the cell) on the engine into ``out_dir/cells/``.
+def run_cells(out_dir: Path, base: dict, cells: list[dict]) -> list[dict]:
+    """Run each cell (``base`` updated by the cell) into ``out_dir/cells/`` through
+    fedhmc.sweep.cells, one after another in this process.
 
-    A cell whose ``summary.json`` says completed is read back instead of rerun, so an
-    interrupted experiment resumes where it stopped. Returns the tidy rows: one per
-    (cell, round), with the cell's settings and the round's metrics.
+    A cell finished before with the same settings is read back instead of rerun, so an
+    interrupted experiment resumes where it stopped; a cell that fails stops the
+    experiment with its error. Returns the tidy rows: one per (cell, round), with the
+    cell's settings and the round's metrics (from the cell's ``metrics.csv``).
     """
+    from fedhmc.errors import FedHMCError
+    from fedhmc.sweep.cells import pending_cells
+    from fedhmc.sweep.cells import run_cells as run
+    from fedhmc.sweep.table import read_csv
+
+    named = [("_".join(f"{k}={v}" for k, v in cell.items()), {**base, **cell}) for cell in cells]
+    for res in run(out_dir, pending_cells(out_dir, named)).values():
+        if res["status"] == "failed":
+            raise FedHMCError(res["error"])
     rows: list[dict] = []
-    bar = None
-    if progress:
-        from fedhmc.core.progress import bar_or_null
-
-        bar = bar_or_null(len(cells), "cells", "cell")
-    try:
-        for cell in cells:
-            rows += _cell_rows(out_dir, base, cell)
-            if bar is not None:
-                bar.update(1)
-    finally:
-        if bar is not None:
-            bar.close()
+    for cell, (cid, _) in zip(cells, named, strict=True):
+        rows += [{**cell, **h} for h in read_csv(out_dir / "cells" / cid / "metrics.csv")]
     return rows
-
-
-def _cell_rows(out_dir: Path, base: dict, cell: dict) -> list[dict]:
-    """One cell of ``run_cells``: its rows, run (or resumed) or read back when done."""
-    from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import run
-
-    name = "_".join(f"{k}={v}" for k, v in cell.items())
-    cell_dir = out_dir / "cells" / name
-    cfg = RunConfig.from_mapping({**base, **cell, "out": str(cell_dir)})
-    summary_path = cell_dir / "summary.json"
-    done = summary_path.exists() and json.loads(summary_path.read_text())["status"] == "completed"
-    from fedhmc.sweep.cells import same_run_settings
-
-    if done and same_run_settings(
-        json.loads((cell_dir / "config.json").read_text()),
-        json.loads(json.dumps(cfg.resolve().to_dict(), default=str)),
-    ):
-        with open(cell_dir / "metrics.csv") as f:
-            history = [{k: _num(v) for k, v in r.items()} for r in csv.DictReader(f)]
-    else:
-        from fedhmc.runtime.engine import prepare, resume_or_replace
-
-        history = run(resume_or_replace(prepare(cfg)), progress=False).history
-    return [{**cell, **h} for h in history]
-
-
-def _num(v: str):
-    try:
-        f = float(v)
-    except ValueError:
-        return v
-    return int(f) if f.is_integer() and "." not in v and "e" not in v.lower() else f
 
 
 def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: dict | None):
@@ -105,6 +81,15 @@ def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: di
     fig.savefig(path.with_suffix(".pdf"))
 
 
+def summary_rows(rows: list[dict], hue: str) -> list[dict]:
+    """A data experiment's summary table: the last round of each cell (``hue`` its
+    setting), with the round's metrics and wall time."""
+    last = max(r["round"] for r in rows)
+    final = [r for r in rows if r["round"] == last]
+    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
+    return [{k: r[k] for k in keep if k in r} for r in final]
+
+
 def _data_experiment(
     name: str,
     out_dir: Path,
@@ -120,10 +105,7 @@ def _data_experiment(
     rows = run_cells(out_dir, base, cells)
     file = name.replace("-", "_")
     _write(out_dir, file, rows, {})
-    last = max(r["round"] for r in rows)
-    final = [r for r in rows if r["round"] == last]
-    keep = (hue, "round", "accuracy", "brier", "ece", "nll_mean", "nll_sum", "wall_s")
-    table = [{k: r[k] for k in keep if k in r} for r in final]
+    table = summary_rows(rows, hue)
     summary = {
         "experiment": name,
         "protocol": ALGORITHM3,

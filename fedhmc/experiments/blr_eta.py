@@ -4,24 +4,29 @@ paper's Figure 1a, b).
 
 from __future__ import annotations
 
+import json
 import math
-import time
 from pathlib import Path
 
 import torch
 
-from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.experiments.blr import blr_reference
 from fedhmc.viz.plots import new_figure
 
 
 def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
+    """The cells (one engine run per algorithm, η and gradient noise) run through
+    fedhmc.sweep.cells into ``out_dir/cells/``, resumed when they finished before; each
+    row's ME is that of the cell's saved samples against the MHMC reference, and its wall
+    time the run's own."""
     import numpy as np
 
     from fedhmc.analysis.metrics import marginal_error
+    from fedhmc.errors import FedHMCError
     from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import run
+    from fedhmc.sweep.cells import pending_cells, run_cells
+    from fedhmc.sweep.table import read_csv
 
     budget = "quick" if quick else "full" if full else "reduced"
     etas = {
@@ -30,54 +35,59 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
         "full": [0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
     }[budget]
     rounds, chains = {"quick": (6, 4), "reduced": (20, 8), "full": (200, 8)}[budget]
-    base = RunConfig(
-        dataset="blr-synthetic",
-        dim=dim,
-        num_clients=20,
-        partition="iid",
-        local_steps=10,
-        batch_size=0,
-        rounds=rounds,
-        burn_in=rounds // 2,
-        chains=chains,
-        seed=seed,
-        save_samples=True,
-    )
+    base = {
+        "dataset": "blr-synthetic",
+        "dim": dim,
+        "num-clients": 20,
+        "partition": "iid",
+        "local-steps": 10,
+        "batch-size": 0,
+        "rounds": rounds,
+        "burn-in": rounds // 2,
+        "chains": chains,
+        "seed": seed,
+        "save-samples": True,
+    }
     ref_sizes = {"quick": (4, 100, 50), "reduced": (8, 300, 200), "full": (16, 1000, 1000)}
     rc, rw, rs = ref_sizes[budget]
     from fedhmc_datasets.locate import cache_dir
 
     reference, ref_info = blr_reference(
-        base.resolve(), chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
+        RunConfig.from_mapping(base).resolve(),
+        chains=rc,
+        warmup=rw,
+        samples=rs,
+        cache=cache_dir() / "reference",
     )
-    rows = []
+    cells = []  # (cell id, settings, the head of its row)
     for noise in noises:
-        for eta in track(etas, f"step sizes (noise {noise:g})", "η"):
+        for eta in etas:
             for algo in ("fahmc", "fald"):
                 K = max(1, math.floor(math.pi / (3 * eta))) if algo == "fahmc" else 1
-                cell = out_dir / "cells" / f"{algo}-eta{eta:g}-noise{noise:g}"
-                cfg = base.replace(
-                    algorithm=algo,
-                    step_size=eta,
-                    grad_noise=noise,
-                    out=str(cell),
-                    leapfrog_steps=K if algo == "fahmc" else None,
-                )
-                t0 = time.perf_counter()
-                result = run(cfg, progress=False)
-                samples = torch.as_tensor(np.load(cell / "samples.npy"))
-                rows.append(
-                    {
-                        "algorithm": algo,
-                        "grad_noise": noise,
-                        "step_size": eta,
-                        "leapfrog_steps": K,
-                        "me": marginal_error(samples.reshape(-1, samples.shape[-1]), reference),
-                        "accuracy": result.final.get("accuracy"),
-                        "nll_mean": result.final.get("nll_mean"),
-                        "wall_s": time.perf_counter() - t0,
-                    }
-                )
+                settings = {**base, "algorithm": algo, "step-size": eta, "grad-noise": noise}
+                if algo == "fahmc":
+                    settings["leapfrog-steps"] = K
+                head = {"algorithm": algo, "grad_noise": noise, "step_size": eta}
+                head["leapfrog_steps"] = K
+                cells.append((f"{algo}-eta{eta:g}-noise{noise:g}", settings, head))
+    todo = pending_cells(out_dir, [(cid, s) for cid, s, _ in cells])
+    for res in run_cells(out_dir, todo, desc="cells").values():
+        if res["status"] == "failed":
+            raise FedHMCError(res["error"])
+    rows = []
+    for cid, _, head in cells:
+        cell = out_dir / "cells" / cid
+        samples = torch.as_tensor(np.load(cell / "samples.npy"))
+        final = read_csv(cell / "metrics.csv")[-1]
+        rows.append(
+            {
+                **head,
+                "me": marginal_error(samples.reshape(-1, samples.shape[-1]), reference),
+                "accuracy": final.get("accuracy"),
+                "nll_mean": final.get("nll_mean"),
+                "wall_s": json.loads((cell / "summary.json").read_text())["wall_s"],
+            }
+        )
     summary = {
         "experiment": name,
         "protocol": ALGORITHM3,

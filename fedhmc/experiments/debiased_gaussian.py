@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import fahmc
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
@@ -26,7 +25,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     per-chain time averages), next to the exact stationary bias from
     :func:`fedhmc.models.targets.fahmc_gaussian_stationary`.
     """
-    from fedhmc.algorithms import debiased as debiased_fahmc
+    from fedhmc.algorithms import debiased, fahmc
     from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
     from fedhmc.models.targets import hetero_gaussian
 
@@ -38,11 +37,17 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     rows = []
     for T in track(Ts, "T values", "T"):
         for variant in ("fahmc", "fahmc-debiased"):
-            debiased = variant == "fahmc-debiased"
-            algorithm = debiased_fahmc if debiased else fahmc
+            algorithm = debiased if variant == "fahmc-debiased" else fahmc
             settings = algorithm.Settings(eta, K, T, rho=1.0)
             exact_mean, exact_var, radius = fahmc_gaussian_stationary(
-                target.means, target.variances, target.weights, eta, K, T, 1.0, debiased=debiased
+                target.means,
+                target.variances,
+                target.weights,
+                eta,
+                K,
+                T,
+                1.0,
+                debiased=algorithm is debiased,
             )
             burn = int(math.ceil(math.log(1e-4 / 20) / math.log(radius)))
             collect = max(20, burn // 2) if not quick else 10

@@ -153,9 +153,10 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
         "rows": rows,
         "runs": extra,
     }
-    from fedhmc.runtime.output import write_csv_atomic, write_text_atomic
+    from fedhmc.experiments._common import write_csv
+    from fedhmc.runtime.output import write_text_atomic
 
-    write_csv_atomic(out_dir / "delayed_sgld.csv", curves)
+    write_csv(out_dir / "delayed_sgld.csv", curves)
     write_text_atomic(out_dir / "delayed_sgld.json", json.dumps(summary, indent=2) + "\n")
     _plots(out_dir, curves, scales, floor, eps)
     return summary

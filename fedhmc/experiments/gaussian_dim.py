@@ -7,7 +7,6 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import fahmc
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.viz.plots import new_figure
@@ -25,6 +24,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
     compared with the exact ones (the largest deviation in Monte Carlo standard errors is
     reported; it should be of order 1–4).
     """
+    from fedhmc.algorithms import fahmc
     from fedhmc.analysis.gaussian import fahmc_gaussian_transient
     from fedhmc.models.targets import hetero_gaussian
 

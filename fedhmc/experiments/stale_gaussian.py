@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import stale
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
@@ -33,8 +32,8 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     preset runs stale SGHMC with friction B = 2√(n + 1) (critical damping of the
     posterior's curvature) and reports what it finds.
     """
+    from fedhmc.algorithms import stale
     from fedhmc.algorithms.oracles import from_grad
-    from fedhmc.algorithms.stale import chain_keys
     from fedhmc.core import rng
 
     n, batch, C, L0 = 1000, 10, 1.0 / 30.0, 500
@@ -46,7 +45,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     post_mean, post_var = float(data.sum()) / (n + 1), 1.0 / (n + 1)
     phi_bar = post_mean**2 + post_var
     friction = 2.0 * math.sqrt(n + 1)
-    keys = chain_keys(seed, chains)
+    keys = stale.chain_keys(seed, chains)
     batch_keys = rng.derive(keys, 31)
 
     def grad(theta: torch.Tensor, step: int) -> torch.Tensor:
@@ -56,7 +55,7 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
 
     oracle = from_grad(grad)
     rows, curves = [], {}
-    for tau in track(taus, "staleness", "τ"):
+    for tau in track(taus, "staleness", "δ"):
         L = L0 * tau
         h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
         settings = stale.Settings("sghmc", h, friction=friction, staleness=tau)

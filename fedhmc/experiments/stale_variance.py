@@ -10,7 +10,6 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import stale
 from fedhmc.core.progress import track
 from fedhmc.experiments._common import _write
 from fedhmc.viz.plots import new_figure
@@ -30,6 +29,7 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     stable at τ = 15). Theory: the variance does not depend on τ, so at the same L̄ it
     falls about W times faster: a linear speed-up in W.
     """
+    from fedhmc.algorithms import stale
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.problem import build_problem
 

@@ -18,12 +18,23 @@ seeds is printed, and with ``--select best-by=METRIC`` the best step size per se
 picked and written to ``DIR/selected.csv``.
 """
 
-from fedhmc.sweep.cells import FolderLock, run_cell, run_sweep, same_run_settings
+from fedhmc.sweep.cells import (
+    FolderLock,
+    cell_done,
+    pending_cells,
+    run_cell,
+    run_cells,
+    run_sweep,
+    same_run_settings,
+)
 from fedhmc.sweep.grid import cell_id, expand_grid, load_sweep_file, parse_grid
 from fedhmc.sweep.table import (
     build_table,
     final_rows,
+    format_mean_std,
     format_summary,
+    mean_std,
+    read_csv,
     read_table,
     select_best,
     summarize,
@@ -33,14 +44,20 @@ from fedhmc.sweep.table import (
 __all__ = [
     "FolderLock",
     "build_table",
+    "cell_done",
     "cell_id",
     "expand_grid",
     "final_rows",
+    "format_mean_std",
     "format_summary",
     "load_sweep_file",
+    "mean_std",
     "parse_grid",
+    "pending_cells",
+    "read_csv",
     "read_table",
     "run_cell",
+    "run_cells",
     "run_sweep",
     "same_run_settings",
     "select_best",

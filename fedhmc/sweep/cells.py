@@ -1,7 +1,11 @@
-"""Running a sweep's cells: resumable, one folder per cell, in parallel worker processes.
+"""Running cells: resumable, one folder per cell, in parallel worker processes.
 
-A cell whose ``summary.json`` says it completed (or diverged) with the same settings is not
-run again, so a stopped sweep resumes where it stopped and loses at most the cells in flight.
+The one cell runner of fedhmc: ``fedhmc sweep`` (run_sweep) and every experiment that runs
+the engine (``fmnist-*``, ``paper-fmnist-*``) run their cells through run_cells. A cell is
+a cell id and its ``fedhmc run`` settings; it runs into ``OUT/cells/<cell id>/``. A cell
+whose ``summary.json`` says it completed (or diverged) with the same settings is not run
+again (pending_cells picks the others), so a stopped sweep or experiment resumes where it
+stopped and loses at most the cells in flight.
 """
 
 from __future__ import annotations
@@ -18,8 +22,11 @@ from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
 from fedhmc.sweep.table import build_table, write_table
 
 
-def _cell_done(cell_dir: Path, cfg: RunConfig) -> bool:
-    """Whether ``cell_dir`` holds a completed run of ``cfg`` (compared without ``out``)."""
+def cell_done(cell_dir: str | os.PathLike, settings: dict | RunConfig) -> bool:
+    """Whether ``cell_dir`` holds a finished run of ``settings`` (a settings mapping or a
+    RunConfig): its summary says completed or diverged, and its config.json describes the
+    same computation (same_run_settings; ``out`` and the other run-only keys aside)."""
+    cell_dir = Path(cell_dir)
     try:
         summary = json.loads((cell_dir / "summary.json").read_text())
         config = json.loads((cell_dir / "config.json").read_text())
@@ -27,8 +34,16 @@ def _cell_done(cell_dir: Path, cfg: RunConfig) -> bool:
         return False
     if summary.get("status") not in ("completed", "diverged"):
         return False  # a diverged run is a result too: rerunning it diverges again
+    cfg = settings if isinstance(settings, RunConfig) else RunConfig.from_mapping(settings)
     want = json.loads(json.dumps(cfg.resolve().to_dict(), default=str))
     return same_run_settings(config, want)
+
+
+def pending_cells(out: str | os.PathLike, cells: list[tuple[str, dict]]) -> list[tuple[str, dict]]:
+    """The cells of ``cells`` ((cell id, settings) pairs) that ``out/cells/`` does not hold
+    finished (cell_done), in their order: the ones run_cells has to run."""
+    out = Path(out)
+    return [(cid, s) for cid, s in cells if not cell_done(out / "cells" / cid, s)]
 
 
 def same_run_settings(a: dict, b: dict) -> bool:
@@ -122,7 +137,7 @@ def _init_worker(threads: int) -> None:
 def die_with_parent() -> None:
     """Ask Linux to send this process SIGTERM when its parent dies (whatever kills it), so
     that no worker goes on computing into a cell folder that a rerun would use. The
-    SIGTERM makes a running cell checkpoint and stop (see :mod:`fedhmc.runtime.checkpoint`)."""
+    SIGTERM makes a running cell checkpoint and stop (see fedhmc.runtime.checkpoint)."""
     import signal
     import sys
 
@@ -137,6 +152,109 @@ def die_with_parent() -> None:
             os.kill(os.getpid(), signal.SIGTERM)
     except (OSError, AttributeError):  # pragma: no cover - no prctl here
         pass
+
+
+def run_cells(
+    out: str | os.PathLike,
+    cells: list[tuple[str, dict]],
+    *,
+    workers: int = 1,
+    threads: int | str | None = None,
+    desc: str = "cells",
+    progress: bool = True,
+    log=None,
+    on_start=None,
+    on_done=None,
+) -> dict[str, dict]:
+    """Run each cell ((cell id, settings) pairs) into ``out/cells/<cell id>/``.
+
+    Every cell given runs (pending_cells leaves out the finished ones). With ``workers`` 1
+    they run in this process one after another, and a cell stopped by a signal stops the
+    loop (stop_if_interrupted); with more, in up to ``workers`` spawned processes that die
+    with this one. A failed cell is a result, not an error: its status says so.
+
+    Parameters
+    ----------
+    threads
+        torch threads of each cell (run_cell): a number, ``"auto"``, or None to leave
+        torch's setting (in a worker process: the number its pool was started with).
+    desc
+        The progress bar's label (a bar over the cells, on a terminal, when ``progress``).
+    log
+        Where a one-line message for each cell that did not complete goes (through the
+        bar when there is one); None: no message.
+    on_start, on_done
+        Called with the cell id when a cell starts (is queued, with workers), and with the
+        cell id and its result when it ends.
+
+    Returns
+    -------
+    dict
+        Cell id → ``{"status": ..., "error": ...}`` (run_cell's result) of the cells run.
+    """
+    out = Path(out)
+    results: dict[str, dict] = {}
+    if not cells:
+        return results
+    bar = None
+    if progress:
+        from fedhmc.core.progress import bar as progress_bar
+
+        bar = progress_bar(len(cells), desc, "cell")
+
+    def finish(cid: str, res: dict) -> None:
+        results[cid] = res
+        if on_done is not None:
+            on_done(cid, res)
+        if log is not None and res["status"] != "completed":
+            msg = f"cell {cid} {res['status']}: {res.get('error', '')}"
+            (bar.write if bar is not None else log)(msg)
+        if bar is not None:
+            bar.update(1)
+
+    try:
+        if workers <= 1:
+            for cid, settings in cells:
+                if on_start is not None:
+                    on_start(cid)
+                res = run_cell(settings, str(out / "cells" / cid), threads)
+                finish(cid, res)
+                stop_if_interrupted(cid, res)
+        else:
+            _run_parallel(out, cells, workers, threads, on_start, finish)
+    finally:
+        if bar is not None:
+            bar.close()
+    return results
+
+
+def _run_parallel(out: Path, cells, workers: int, threads, on_start, finish) -> None:
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    ctx = multiprocessing.get_context("spawn")
+    pool = ProcessPoolExecutor(
+        max_workers=min(workers, len(cells)),
+        mp_context=ctx,
+        initializer=_init_worker,
+        initargs=(threads,),
+    )
+    try:
+        futures = {}
+        for cid, settings in cells:
+            futures[pool.submit(run_cell, settings, str(out / "cells" / cid), threads)] = cid
+            if on_start is not None:
+                on_start(cid)
+        for fut in as_completed(futures):
+            try:
+                res = fut.result()
+            except Exception as e:  # noqa: BLE001 - a dead worker fails its cell only
+                res = {"status": "failed", "error": f"worker died: {type(e).__name__}: {e}"}
+            finish(futures[fut], res)
+    except BaseException:
+        pool.shutdown(wait=False, cancel_futures=True)
+        raise
+    pool.shutdown()
 
 
 def _write_json(path: Path, data: dict) -> None:
@@ -175,7 +293,7 @@ def run_sweep(
         Where the one-line messages go.
     threads
         torch threads of a one-worker sweep: a number, or ``"auto"`` (each cell chooses
-        from its size, :mod:`fedhmc.runtime.threads`).
+        from its size, fedhmc.runtime.threads).
 
     Returns
     -------
@@ -193,7 +311,7 @@ def run_sweep(
 
 
 def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
-    """:func:`run_sweep`'s body, run while the folder's lock is held."""
+    """run_sweep's body, run while the folder's lock is held."""
     base = dict(base or {})
     base.pop("out", None)
     clash = sorted(set(grid) & set(base))
@@ -236,7 +354,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
     by_id = {c["id"]: c for c in record["cells"]}
     todo = []
     for c in cells:
-        if _cell_done(out / "cells" / c["id"], c["cfg"]):
+        if cell_done(out / "cells" / c["id"], c["cfg"]):
             by_id[c["id"]]["status"] = "completed"
         else:
             todo.append(c)
@@ -259,67 +377,32 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
             f"running {len(todo)} on {workers} worker(s) × {threads} torch thread(s)"
         )
 
-    bar = None
-    if progress and todo:
-        from fedhmc.core.progress import bar as progress_bar
-
-        bar = progress_bar(len(todo), "cells", "cell")
+    def started(cid: str) -> None:
+        by_id[cid]["status"] = "running"
 
     def finish(cid: str, res: dict) -> None:
         by_id[cid].update(res)
         _write_json(out / "sweep.json", record)
-        if res["status"] != "completed":
-            msg = f"cell {cid} {res['status']}: {res.get('error', '')}"
-            (bar.write if bar is not None else log)(msg)
-        if bar is not None:
-            bar.update(1)
 
     try:
-        if workers == 1:
-            for c in todo:
-                by_id[c["id"]]["status"] = "running"
-                res = run_cell(c["settings"], str(out / "cells" / c["id"]), threads)
-                finish(c["id"], res)
-                stop_if_interrupted(c["id"], res)
-        else:
-            _run_parallel(todo, out, workers, threads, finish, by_id)
+        run_cells(
+            out,
+            [(c["id"], c["settings"]) for c in todo],
+            workers=workers,
+            threads=threads,
+            progress=progress,
+            log=log,
+            on_start=started,
+            on_done=finish,
+        )
     except KeyboardInterrupt:
         for c in record["cells"]:
             if c["status"] in ("running", "pending"):
                 c["status"] = "interrupted" if c["status"] == "running" else "pending"
         _write_json(out / "sweep.json", record)
         raise
-    finally:
-        if bar is not None:
-            bar.close()
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     _write_json(out / "sweep.json", record)
     rows = build_table(out)
     write_table(out, rows)
     return rows
-
-
-def _run_parallel(todo, out: Path, workers: int, threads: int, finish, by_id) -> None:
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
-
-    ctx = multiprocessing.get_context("spawn")
-    pool = ProcessPoolExecutor(
-        max_workers=workers, mp_context=ctx, initializer=_init_worker, initargs=(threads,)
-    )
-    try:
-        futures = {}
-        for c in todo:
-            fut = pool.submit(run_cell, c["settings"], str(out / "cells" / c["id"]), threads)
-            futures[fut] = c["id"]
-            by_id[c["id"]]["status"] = "running"
-        for fut in as_completed(futures):
-            try:
-                res = fut.result()
-            except Exception as e:  # noqa: BLE001 - a dead worker fails its cell only
-                res = {"status": "failed", "error": f"worker died: {type(e).__name__}: {e}"}
-            finish(futures[fut], res)
-    except BaseException:
-        pool.shutdown(wait=False, cancel_futures=True)
-        raise
-    pool.shutdown()

@@ -46,8 +46,9 @@ def _num(v):
     return f
 
 
-def _read_csv(path: Path) -> list[dict]:
-    """The rows of a CSV table. A row with fewer or more fields than the header (a line
+def read_csv(path: str | os.PathLike) -> list[dict]:
+    """The rows of a CSV table (a run's metrics.csv, a sweep's results.csv), numbers as
+    numbers and empty fields as None. A row with fewer or more fields than the header (a line
     half written when its writer was killed) is dropped with a one-line warning."""
     import sys
 
@@ -90,7 +91,7 @@ def cell_rows(cell_dir: Path, cell: str | None = None, config: dict | None = Non
     head = {"cell": cell or cell_dir.name, "status": status}
     head.update({k.replace("_", "-"): v for k, v in config.items() if k not in RUN_ONLY_KEYS[1:]})
     try:
-        history = _read_csv(cell_dir / "metrics.csv")
+        history = read_csv(cell_dir / "metrics.csv")
     except OSError:
         history = []
     return [{**head, **h} for h in history] or [head]
@@ -125,14 +126,11 @@ def _columns(rows: list[dict]) -> list[str]:
 
 def write_table(out: str | os.PathLike, rows: list[dict]) -> list[Path]:
     """Write ``results.csv`` (and ``results.parquet`` when pyarrow is importable)."""
+    from fedhmc.runtime.output import atomic_write, write_csv_atomic
+
     out = Path(out)
     cols = _columns(rows)
-    tmp = out / "results.csv.tmp"
-    with open(tmp, "w", newline="") as f:
-        w = csv.DictWriter(f, fieldnames=cols)
-        w.writeheader()
-        w.writerows({k: "" if r.get(k) is None else r.get(k) for k in cols} for r in rows)
-    os.replace(tmp, out / "results.csv")
+    write_csv_atomic(out / "results.csv", rows, cols)
     written = [out / "results.csv"]
     try:
         import pyarrow as pa
@@ -140,8 +138,6 @@ def write_table(out: str | os.PathLike, rows: list[dict]) -> list[Path]:
     except ImportError:
         return written
     try:
-        from fedhmc.runtime.output import atomic_write
-
         table = pa.Table.from_pylist([{k: r.get(k) for k in cols} for r in rows])
         atomic_write(out / "results.parquet", lambda p: pq.write_table(table, p))
         written.append(out / "results.parquet")
@@ -166,7 +162,7 @@ def read_table(path: str | os.PathLike) -> list[dict]:
     if path.name == "metrics.csv" and (path.parent / "config.json").exists():
         return cell_rows(path.parent)
     try:
-        rows = _read_csv(path)
+        rows = read_csv(path)
     except (OSError, UnicodeDecodeError, csv.Error) as e:
         raise ConfigError(f"cannot read {str(path)!r} as CSV ({e})") from None
     if not rows:
@@ -203,7 +199,12 @@ def varying_keys(rows: list[dict], exclude: Iterable[str] = ()) -> list[str]:
 
 
 def mean_std(values: list[float]) -> tuple[float, float]:
-    """Mean and sample standard deviation (n − 1; nan for one value), skipping None/nan."""
+    """Mean and sample standard deviation (n − 1) of ``values``, skipping None and nan.
+
+    The one mean ± sd of fedhmc's tables (sweeps and experiments alike). The standard
+    deviation of a single value is undefined: nan, not 0 (format_mean_std shows it as "—");
+    with no value at all both are nan.
+    """
     xs = [float(v) for v in values if v is not None and not math.isnan(float(v))]
     if not xs:
         return math.nan, math.nan
@@ -211,6 +212,16 @@ def mean_std(values: list[float]) -> tuple[float, float]:
     if len(xs) < 2:
         return m, math.nan
     return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1))
+
+
+def format_mean_std(mean: float, std: float, spec: str = ".4g", std_spec: str = ".2g") -> str:
+    """``mean ± std`` as every table prints it (``spec`` and ``std_spec`` are format specs):
+    "—" when there is no value, and "mean ± —" when the standard deviation is undefined
+    (a single value)."""
+    if math.isnan(mean):
+        return "—"
+    sd = "—" if math.isnan(std) else format(std, std_spec)
+    return f"{format(mean, spec)} ± {sd}"
 
 
 def metric_columns(rows: list[dict], candidates: Iterable[str] = SUMMARY_METRICS) -> list[str]:
@@ -255,16 +266,11 @@ def _sort_key(values: tuple) -> tuple:
 
 
 def fmt(v) -> str:
-    """A value as the tables print it: floats to 4 significant digits."""
+    """A value as the tables print it: floats to 4 significant digits, nan (no value, or
+    the standard deviation of a single value) as "—"."""
     if isinstance(v, float):
-        return "nan" if math.isnan(v) else f"{v:.4g}"
+        return "—" if math.isnan(v) else f"{v:.4g}"
     return str(v)
-
-
-def _fmt_ms(mean: float, std: float) -> str:
-    if math.isnan(mean):
-        return "—"
-    return fmt(mean) if math.isnan(std) else f"{fmt(mean)} ± {std:.2g}"
 
 
 def format_summary(summary: dict) -> str:
@@ -276,12 +282,12 @@ def format_summary(summary: dict) -> str:
     body = [
         [fmt(g["settings"][k]) for k in keys]
         + [str(g["n"])]
-        + [_fmt_ms(*g["stats"][m]) for m in metrics]
+        + [format_mean_std(*g["stats"][m]) for m in metrics]
         for g in groups
     ]
     widths = [max(len(h), *(len(b[i]) for b in body)) for i, h in enumerate(header)]
     lines = [
-        "final round, mean ± std over seeds (sample std, n − 1):",
+        "final round, mean ± std over seeds (sample std, n − 1; — for one seed):",
         "  " + "  ".join(h.rjust(w) for h, w in zip(header, widths, strict=True)),
     ]
     lines += ["  " + "  ".join(c.rjust(w) for c, w in zip(b, widths, strict=True)) for b in body]
@@ -289,7 +295,7 @@ def format_summary(summary: dict) -> str:
         g = groups[i]
         where = " ".join(f"{k}={fmt(v)}" for k, v in g["settings"].items()) or "(one group)"
         rule = "lowest" if is_lower_better(m) else "highest"
-        lines.append(f"best {m} ({rule}): {where}: {_fmt_ms(*g['stats'][m])}")
+        lines.append(f"best {m} ({rule}): {where}: {format_mean_std(*g['stats'][m])}")
     return "\n".join(lines)
 
 

@@ -173,7 +173,7 @@ def test_blr_t_quick_writes_rounds_to_reach_against_T(tmp_path, monkeypatch):
 
 
 def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
-    from fedhmc.experiments.paper import FIGURES, budget_figure, cell_settings, select_eta
+    from fedhmc.experiments.paper_fmnist import FIGURES, budget_figure, cell_settings, select_eta
 
     out = tmp_path / "p"
     assert main(["experiment", "paper-fmnist-K", "--quick", "--out", str(out)]) == 0
@@ -221,7 +221,7 @@ def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
 
 
 def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path):
-    from fedhmc.experiments.paper import authors_blr_samples
+    from fedhmc.experiments.blr_t import authors_blr_samples
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.engine import run, sampler_settings
     from fedhmc.runtime.problem import build_problem
@@ -271,7 +271,7 @@ def test_paper_blr_t_quick(tmp_path, monkeypatch):
 
 @pytest.mark.parametrize("best,start", [(2e-5, None), (5e-4, 1e-5), (2e-7, 1e-5), (1e-6, 1e-6)])
 def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch, best, start):
-    from fedhmc.experiments import paper
+    from fedhmc.experiments import paper_fmnist as paper
 
     fig = paper.FIGURES["paper-fmnist-K"]
     ran = []
@@ -286,7 +286,7 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
             final = {"nll_sum": nll} if status == "completed" else {}
             (d / "summary.json").write_text(json.dumps({"status": status, "final": final}))
 
-    monkeypatch.setattr(paper, "_run_cells", fake_run)
+    monkeypatch.setattr(paper, "_run_missing", fake_run)
     paper.tune_eta(tmp_path, fig, "authors", 10, 0, 1, start)
     sel = paper.select_eta(tmp_path, fig, "authors", 10)
     want = best if best <= 2e-4 else 2e-4  # the largest step that does not diverge
@@ -295,7 +295,8 @@ def test_eta_descent_finds_the_grid_minimum_with_few_cells(tmp_path, monkeypatch
 
 
 def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
-    from fedhmc.experiments.paper import markdown_table
+    from fedhmc.experiments.paper_fmnist import markdown_table
+    from fedhmc.sweep.table import mean_std
 
     row = {
         "protocol": "authors",
@@ -325,12 +326,17 @@ def test_paper_table_counts_diverged_seeds_and_footnotes_only_what_it_marks():
     assert "edge of the grid" not in text
     text = markdown_table({**summary, "rows": [{**row, "eta_at_grid_edge": True}]})
     assert "5e-05* |" in text and "edge of the grid" in text
-    one = markdown_table({**summary, "rows": [{**row, "seeds": 1, "diverged_seeds": 0}]})
-    assert "±" not in one and "| 1.0000 | 1.0000 | 1.0000 (20) | 1 |" in one
+    # One seed: its sd is undefined (nan, as mean_std gives it), shown as "—", never "± 0".
+    _, sd = mean_std([1.0])
+    assert math.isnan(sd)
+    single = {**row, "seeds": 1, "diverged_seeds": 0}
+    single.update({f"{m}_sd": sd for m in ("accuracy", "brier", "ece", "nll_sum")})
+    one = markdown_table({**summary, "rows": [single]})
+    assert "| 1.0000 ± — | 1.0000 ± — | 1.0000 ± — (20) | 1 ± — |" in one and "± 0" not in one
 
 
 def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds():
-    from fedhmc.experiments.paper import FIGURES, markdown_table
+    from fedhmc.experiments.paper_fmnist import FIGURES, markdown_table
 
     summary = {
         "title": "t",
@@ -346,3 +352,25 @@ def test_paper_table_row_read_off_axes_has_no_nll_and_counts_the_figures_seeds()
     summary = {**summary, "paper": FIGURES["paper-fmnist-K"].paper}
     last = markdown_table(summary).strip().splitlines()[-1]
     assert last.startswith("| paper (best) |") and last.endswith("| 4,332 |")
+
+
+def test_experiment_csv_has_every_rows_key_as_a_column(tmp_path):
+    from fedhmc.experiments._common import write_csv
+
+    write_csv(tmp_path / "t.csv", [{"a": 1, "b": 2.5}, {"a": 3, "c": None}])
+    with open(tmp_path / "t.csv") as f:
+        assert list(csv.reader(f)) == [["a", "b", "c"], ["1", "2.5", ""], ["3", "", ""]]
+
+
+def test_every_engine_experiment_runs_its_cells_through_sweep_cells():
+    # One cell runner: no experiment runs the engine itself or reaches into sweep.cells'
+    # private helpers.
+    import fedhmc
+
+    root = Path(fedhmc.__file__).parent
+    for path in root.rglob("*.py"):
+        text = path.read_text()
+        assert "from fedhmc.sweep.cells import _" not in text, path
+        assert "cells._" not in text, path
+        if path.parent.name == "experiments":
+            assert "resume_or_replace" not in text and "engine import run" not in text, path

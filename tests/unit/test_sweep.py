@@ -14,7 +14,14 @@ import pytest
 
 from fedhmc.cli.main import main
 from fedhmc.sweep.grid import cell_id, expand_grid, load_sweep_file, parse_grid
-from fedhmc.sweep.table import format_summary, read_table, select_best, summarize
+from fedhmc.sweep.table import (
+    format_mean_std,
+    format_summary,
+    mean_std,
+    read_table,
+    select_best,
+    summarize,
+)
 
 TINY = ["--rounds", "3", "--local-steps", "2", "--leapfrog-steps", "2"]
 GRID = "step-size=0.005,0.01 seed=0,1"
@@ -207,6 +214,19 @@ def test_summary_mean_and_std_over_seeds():
     assert "1.2 ± 0.42" in text and "best nll_mean (lowest): leapfrog-steps=10" in text
 
 
+def test_the_sd_of_one_value_is_undefined_not_zero():
+    mean, sd = mean_std([0.25])
+    assert mean == 0.25 and math.isnan(sd)
+    assert all(math.isnan(x) for x in mean_std([None, float("nan")]))  # no value at all
+    assert format_mean_std(mean, sd) == "0.25 ± —"
+    assert format_mean_std(0.8123, 0.0, ".4f", ".4f") == "0.8123 ± 0.0000"  # a real 0
+    assert format_mean_std(math.nan, math.nan) == "—"
+    # The summary of a one-seed table says so, with the same "—".
+    one = [r for r in _known_table() if r["seed"] == 0]
+    text = format_summary(summarize(one, metrics=["nll_mean"]))
+    assert "± —" in text and "± 0" not in text and "nan" not in text
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -318,12 +338,12 @@ def test_a_signal_stops_a_paper_experiment_not_just_its_cell(
     # "interrupted"); the experiment must stop there instead of starting the next cell.
     import fedhmc.sweep.cells as cells
     from fedhmc.errors import FedHMCError
-    from fedhmc.experiments import paper
+    from fedhmc.experiments import paper_fmnist
 
-    monkeypatch.setattr(cells, "_cell_done", lambda cell_dir, cfg: False)
+    monkeypatch.setattr(cells, "cell_done", lambda cell_dir, settings: False)
     todo = [(f"c{i}", {"dataset": "digits", "rounds": 2, "seed": i}) for i in range(3)]
     with pytest.raises(FedHMCError, match="stopped in cell c0"):
-        paper._run_cells(tmp_path, todo, 1, "cells")
+        paper_fmnist._run_missing(tmp_path, todo, 1, "cells")
     assert len(signalled_cells) == 1
 
 
