@@ -139,9 +139,6 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
         raise ConfigError(
             f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
         ) from None
-    from fedhmc.runtime.config import RECORDED_ONLY
-
-    saved = {k: v for k, v in saved.items() if k not in RECORDED_ONLY}
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
     burn = saved.get("burn_in")

@@ -59,7 +59,7 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
     "cifar2": (cifar2, "CIFAR-2 logistic regression, K grid (needs the CIFAR-10 batches)"),
     "stale-gaussian": (
         stale_gaussian,
-        "Chen et al. §5.1: MSE of stale SGHMC against staleness τ at L = L₀·τ",
+        "Chen et al. §5.1: MSE of stale SGHMC against staleness δ at L = L₀·δ",
     ),
     "stale-variance": (
         stale_variance,

@@ -301,13 +301,16 @@ class RunConfig:
         """Build a config from kebab- or snake-case keys (CLI options, Flower run config).
 
         Values may be strings (they are parsed), or already typed. Empty strings mean
-        "unset" (Flower's run config cannot hold None).
+        "unset" (Flower's run config cannot hold None). A run's ``config.json`` reads back
+        as it is: what it records beside the settings (``RECORDED_ONLY``) is skipped.
         """
         hints = typing.get_type_hints(cls)
         by_name = {f.name: f for f in fields(cls)}
         kwargs = {}
         for key, value in mapping.items():
             name = key.replace("-", "_")
+            if name in RECORDED_ONLY:
+                continue
             if name not in by_name:
                 raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
             choices = by_name[name].metadata.get("choices", ())

@@ -36,3 +36,12 @@ def test_config_json_records_what_the_step_size_means(tmp_path):
     run(cfg, progress=False)
     config = json.loads((tmp_path / "r" / "config.json").read_text())
     assert config["step_size_means"] == step_size_meaning("sgld")
+
+
+def test_config_json_reads_back_as_a_config(tmp_path):
+    from fedhmc.runtime.engine import run
+
+    out = tmp_path / "r"
+    run(RunConfig(dataset="gaussian-hetero", rounds=2, chains=2, out=str(out)), progress=False)
+    saved = json.loads((out / "config.json").read_text())
+    assert RunConfig.from_mapping({**saved, "out": str(out)}).step_size == saved["step_size"]
