@@ -1,0 +1,80 @@
+"""MkDocs hooks of the documentation site (``hooks:`` in mkdocs.yml).
+
+A page line ``<!-- runconfig-options -->`` becomes the table of every ``RunConfig`` option:
+its name in Python and on the command line, its default and its meaning, taken from the
+fields' metadata (``help``, ``choices``) and grouped under the section comments of the class
+body (``# Sampler``, ``# Run``, ...). The table is built from the code at every build, so it
+cannot drift from the options that exist.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import html
+import inspect
+import re
+import sys
+from pathlib import Path
+
+MARKER = "<!-- runconfig-options -->"
+_ROOT = Path(__file__).resolve().parent.parent
+
+
+def _sections(cls) -> dict[str, str]:
+    """Field name → the section comment above it in the class body."""
+    section, out = "", {}
+    for line in inspect.getsource(cls).splitlines():
+        comment = re.match(r"^    # ([A-Z][A-Za-z ,]*[a-z])\s*$", line)
+        if comment:
+            section = comment.group(1)
+            continue
+        name = re.match(r"^    ([a-z_][a-z0-9_]*)\s*:", line)
+        if name:
+            out[name.group(1)] = section
+    return out
+
+
+def _cell(text: str) -> str:
+    """Markdown table cell text: no raw HTML, no column breaks."""
+    return html.escape(text, quote=False).replace("|", "\\|")
+
+
+def _default(value) -> str:
+    if value is None:
+        return "—"
+    if isinstance(value, bool):
+        return f"`{value}`"
+    return f"`{value!r}`"
+
+
+def options_table() -> str:
+    """The Markdown of the options tables, one per section of ``RunConfig``."""
+    if str(_ROOT) not in sys.path:
+        sys.path.insert(0, str(_ROOT))
+    from fedhmc.runtime.config import RunConfig
+
+    sections = _sections(RunConfig)
+    lines: list[str] = []
+    current = None
+    for f in dataclasses.fields(RunConfig):
+        section = sections.get(f.name, "")
+        if section != current:
+            current = section
+            if lines:
+                lines += ["", "</div>"]
+            lines += ["", f"#### {section or 'Other'}", "", '<div class="options" markdown="1">', ""]
+            lines += ["| option | default | meaning |", "|---|---|---|"]
+        meaning = _cell(f.metadata.get("help", ""))
+        choices = f.metadata.get("choices")
+        if choices and not all(str(c) in meaning for c in choices):
+            meaning += " (one of " + ", ".join(f"`{c}`" for c in choices) + ")"
+        option = f"`{f.name}`<br>`--{f.name.replace('_', '-')}`"
+        lines.append(f"| {option} | {_default(f.default)} | {meaning} |")
+    lines += ["", "</div>"]
+    return "\n".join(lines) + "\n"
+
+
+def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
+    if MARKER in markdown:
+        markdown = markdown.replace(MARKER, options_table())
+    return markdown
