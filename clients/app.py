@@ -22,8 +22,8 @@ Message contract (see ``fedhmc_server.loop``):
 ``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
 partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
 config to draw its private noise from a seed nobody else knows, and ``worker-socket`` to
-have its warm worker (:mod:`fedhmc_clients.worker`) compute; the computation itself is
-:func:`fedhmc_clients.compute.compute` either way.
+have its warm worker (`fedhmc_clients.worker`) compute; the computation itself is
+`fedhmc_clients.compute.compute` either way.
 """
 
 from __future__ import annotations

@@ -1,9 +1,9 @@
 """What a client computes for one message, in plain values: no Flower types.
 
-:func:`compute` takes the message kind (``query``, ``train``, ``grad``), the run config,
+`compute` takes the message kind (``query``, ``train``, ``grad``), the run config,
 the node config, the message's config and its arrays (numpy), and returns the reply's
 arrays and metrics. The ClientApp calls it in its own process, or forwards the message to
-the node's warm worker (:mod:`fedhmc_clients.worker`), which calls the same function; the
+the node's warm worker (`fedhmc_clients.worker`), which calls the same function; the
 two give the same numbers.
 """
 

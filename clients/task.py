@@ -205,7 +205,7 @@ def async_gradient(
 
     ``config`` carries the chain, the request counter (which selects the minibatch), n and
     the settings the gradient depends on; see
-    :func:`fedhmc.algorithms.async_sgmcmc.worker_gradient`.
+    `fedhmc.algorithms.async_sgmcmc.worker_gradient`.
     Returns (gradient as a numpy array of the run's dtype, n_c).
     """
     from fedhmc.algorithms.async_sgmcmc import worker_gradient, worker_key

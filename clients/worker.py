@@ -5,7 +5,7 @@ torch and rebuilding the partition in it costs seconds per round. So the deploy 
 starts one worker per SuperNode (``deploy/supernode.sh``, on by default) and passes its
 socket to the node as ``worker-socket`` in the node config; the ClientApp, which then
 imports neither torch nor fedhmc's sampler, forwards each message to the worker and
-checks its reply (:func:`call`). Without a worker (or if it is gone) the ClientApp
+checks its reply (`call`). Without a worker (or if it is gone) the ClientApp
 computes in its own process, with the same result.
 
     python -m fedhmc_clients.worker --socket PATH

@@ -3,12 +3,12 @@
 The files are CIFAR-10's python pickle batches (``data_batch_1`` .. ``data_batch_5``,
 ``test_batch``, ``batches.meta``) in ``<dir>/cifar-10-batches-py/``, or directly in ``<dir>``.
 
-torchvision's :class:`~torchvision.datasets.CIFAR10` checks the md5 sum of every batch against
-the official release. We parse with the subclass :class:`CIFAR10Files`, whose md5 entries are
+torchvision's `CIFAR10` checks the md5 sum of every batch against
+the official release. We parse with the subclass `CIFAR10Files`, whose md5 entries are
 ``None``; torchvision's ``check_integrity`` then only checks that each file exists. This lets
 re-packed copies (and the small generated files of the tests) load; corrupt or truncated
 files are still caught, because a batch that does not unpickle into the expected arrays raises
-:class:`~fedhmc.errors.DataError` naming the file. Batches are pickles: only load files you trust.
+`DataError` naming the file. Batches are pickles: only load files you trust.
 """
 
 from __future__ import annotations
@@ -102,7 +102,7 @@ def load_cifar2(*, data_dir: str | os.PathLike | None = None, download: bool = F
     Parameters
     ----------
     data_dir : path-like, optional
-        First directory to look in (see :mod:`fedhmc_datasets.locate` for the order).
+        First directory to look in (see `fedhmc_datasets.locate` for the order).
     download : bool
         When no copy is found, let torchvision download CIFAR-10 into the cache directory.
 

@@ -10,7 +10,7 @@ Files are looked for in this order (first hit wins):
    ``download=True`` puts what it downloads).
 
 When torchvision needs a layout the files are not in (for example gz-compressed IDX files in a
-flat directory), the layout is prepared once under ``<cache>/prepared/`` by :func:`prepare_dir`,
+flat directory), the layout is prepared once under ``<cache>/prepared/`` by `prepare_dir`,
 atomically: it is built in a temporary folder and renamed into place only when complete.
 """
 

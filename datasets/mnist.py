@@ -5,7 +5,7 @@ A directory may hold the four IDX files (``train-images-idx3-ubyte``, ``train-la
 three places, tried in this order: torchvision's layout ``<dir>/<ClassName>/raw/`` (e.g.
 ``FashionMNIST/raw``), a sub-folder named after the dataset (``<dir>/fashion-mnist/``), or
 ``<dir>`` itself (the Debian layout). Files torchvision cannot read where they are (``.gz`` files,
-or any flat layout) are prepared once in the cache by :func:`fedhmc_datasets.locate.prepare_dir`.
+or any flat layout) are prepared once in the cache by `fedhmc_datasets.locate.prepare_dir`.
 """
 
 from __future__ import annotations
@@ -137,7 +137,7 @@ def load_idx_images(
     name : {"mnist", "fashion-mnist", "kmnist"}
         Dataset name.
     data_dir : path-like, optional
-        First directory to look in (see :mod:`fedhmc_datasets.locate` for the order).
+        First directory to look in (see `fedhmc_datasets.locate` for the order).
     download : bool
         When no copy is found, let torchvision download one into the cache directory.
 

@@ -1,8 +1,8 @@
 """Splitting a dataset over federated clients, and describing the split.
 
-:func:`partition` maps labels to one sorted int64 index array per client; together the arrays
+`partition` maps labels to one sorted int64 index array per client; together the arrays
 cover every example exactly once. The result depends only on the labels, the arguments and
-``seed``. Methods (:data:`PARTITIONERS`):
+``seed``. Methods (`PARTITIONERS`):
 
 ``iid``
     A random permutation cut into ``num_clients`` parts whose sizes differ by at most one.
@@ -11,7 +11,7 @@ cover every example exactly once. The result depends only on the labels, the arg
     ``p ~ Dirichlet(alpha * 1_N)`` of its examples go to the N clients; clients that already
     hold at least n/N examples get no share of the next classes (the usual balancing of that
     scheme). Small ``alpha`` = strong skew, large ``alpha`` = close to iid. Draws are repeated
-    (at most :data:`MAX_DIRICHLET_TRIES` times) until every client has ``min_size`` examples.
+    (at most `MAX_DIRICHLET_TRIES` times) until every client has ``min_size`` examples.
 ``shards``
     Pathological label skew (McMahan et al. 2017): each class is cut into label-pure shards,
     ``num_clients * classes_per_client`` shards in all, and each client gets

@@ -1,4 +1,4 @@
-"""Public entry point: :func:`load_dataset` and :class:`DatasetSplit`.
+"""Public entry point: `load_dataset` and `DatasetSplit`.
 
 Every dataset comes back as float32 features ``(n, F)`` (images flattened) and int64 labels
 ``0 .. num_classes - 1``, with a train and a test set:
@@ -12,7 +12,7 @@ Every dataset comes back as float32 features ``(n, F)`` (images flattened) and i
 * ``blr-synthetic``: simulated Bayesian logistic regression (Liang et al. 2024, Section 5.1),
   d = 1000 features, 1000 training examples, 2 classes.
 
-Where files are looked for is described in :mod:`fedhmc_datasets.locate`; scaling options in
+Where files are looked for is described in `fedhmc_datasets.locate`; scaling options in
 ``fedhmc_datasets.scaling``. Data of your own (an ``.npz`` file, tensors or torch datasets)
 is loaded into the same ``DatasetSplit`` by ``fedhmc_datasets.user``.
 """
@@ -123,7 +123,7 @@ def load_dataset(
     Parameters
     ----------
     name : str
-        One of :data:`DATASETS` (case-insensitive; ``_`` may stand for ``-``).
+        One of `DATASETS` (case-insensitive; ``_`` may stand for ``-``).
     data_dir : path-like, optional
         First directory to look in for file-based datasets (then ``$FEDHMC_DATA``, the Debian
         directory for fashion-mnist, then the cache ``$FEDHMC_CACHE`` or ``~/.cache/fedhmc``).

@@ -29,7 +29,7 @@ SCALINGS = ("standardize", "unit", "symmetric", "none")
 
 
 def check_scaling(scaling: str) -> str:
-    """Return ``scaling`` if valid, else raise :class:`~fedhmc.errors.ConfigError`."""
+    """Return ``scaling`` if valid, else raise `ConfigError`."""
     if scaling not in SCALINGS:
         raise ConfigError(f"unknown scaling {scaling!r}; choose one of {', '.join(SCALINGS)}")
     return scaling

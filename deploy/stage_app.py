@@ -39,7 +39,7 @@ def shipped_files(root: Path = ROOT) -> list[Path]:
 
 
 def stage(dest: Path | None = None, root: Path = ROOT) -> Path:
-    """Copy :func:`shipped_files` into ``dest`` (created) and return it."""
+    """Copy `shipped_files` into ``dest`` (created) and return it."""
     dest = Path(dest) if dest else Path(tempfile.mkdtemp(prefix="fedhmc-app-"))
     dest.mkdir(parents=True, exist_ok=True)
     if any(dest.iterdir()):

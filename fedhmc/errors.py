@@ -1,7 +1,7 @@
 """User-facing errors.
 
 Every error a user can cause by a bad option, a missing file or an unstable setting is a
-:class:`FedHMCError`. Its message is one line that says what is wrong and how to fix it;
+`FedHMCError`. Its message is one line that says what is wrong and how to fix it;
 the command line prints that line alone, with no traceback, and exits with status 2.
 """
 

@@ -3,9 +3,9 @@
 Settings come from the run config: ``[tool.flwr.app.config]`` in pyproject.toml, with
 ``--run-config "k=v ..."`` overrides, parsed by the same RunConfig as ``fedhmc run``.
 ``algorithm = "async-sghmc"`` or ``"async-sgld"`` selects the asynchronous mode
-(:mod:`fedhmc_server.async_loop`); every other algorithm runs :mod:`fedhmc_server.loop`.
+(`fedhmc_server.async_loop`); every other algorithm runs `fedhmc_server.loop`.
 This module imports no PyTorch: the ServerApp sends the size query
-(:mod:`fedhmc_server.startup`) before it loads the heavy modules.
+(`fedhmc_server.startup`) before it loads the heavy modules.
 """
 
 from __future__ import annotations

@@ -4,10 +4,10 @@
 S = ``--chains`` servers (independent chains), W workers (the SuperNodes), worker i serving
 chain i mod S. The server sends every worker θ of its chain with ``push_messages``; from
 then on it polls ``pull_messages`` and applies each gradient as soon as it arrives
-(:class:`fedhmc.algorithms.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
+(`fedhmc.algorithms.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
 then sends the new θ to that worker only. A gradient staler than ``--max-staleness`` server
 updates is dropped. A "round" of the output is ``--local-steps`` updates of every chain:
-θ of every chain at that timestamp goes through the engine's :func:`fedhmc.runtime.engine.run_loop`
+θ of every chain at that timestamp goes through the engine's `fedhmc.runtime.engine.run_loop`
 (burn-in, thinning, metrics, files), so the files are those of ``fedhmc run``, plus
 ``staleness.csv`` and ``workers.csv`` and an ``async`` block in ``summary.json``.
 
@@ -237,7 +237,7 @@ def serve_async(
 ) -> RunResult:
     """Run async-sghmc / async-sgld over the grid's workers; write the run's files.
 
-    ``started``: as for :func:`fedhmc_server.loop.serve`."""
+    ``started``: as for `fedhmc_server.loop.serve`."""
     cfg = prepare(cfg)
     if started is None:
         started = begin(

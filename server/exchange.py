@@ -1,14 +1,14 @@
 """One round trip to many nodes: push every message, then collect replies as they arrive.
 
 Flower's ``Grid.send_and_receive`` waits a fixed 3 s between pulls on a deployed SuperLink,
-which adds up to 3 s to every round. :class:`Exchange` pushes the messages itself and
+which adds up to 3 s to every round. `Exchange` pushes the messages itself and
 polls ``pull_messages`` with a short, backing-off interval (5 ms, growing to 100 ms while
 nothing arrives), so a round ends as soon as its last reply is in.
 
 A reply that arrives after its round gave up on it (a straggler that was paused, or a
 node that came back) is recognised by its ``reply_to`` id, logged and counted, and never
 enters an average: the ids of unanswered messages are kept and pulled with the next
-rounds' for a while (:data:`LATE_ROUNDS` exchanges), so the SuperLink does not keep the
+rounds' for a while (`LATE_ROUNDS` exchanges), so the SuperLink does not keep the
 replies either.
 """
 
@@ -29,7 +29,7 @@ LATE_ROUNDS = 20
 
 @dataclass
 class Pending:
-    """The messages of one :meth:`Exchange.push` whose replies are still to be collected."""
+    """The messages of one `Exchange.push` whose replies are still to be collected."""
 
     group: str
     number: int  # the exchange's count when pushed
@@ -64,7 +64,7 @@ class Exchange:
         return self.collect(self.push(contents, message_type, group), timeout, deadline)
 
     def push(self, contents: dict[int, RecordDict], message_type: str, group: str) -> Pending:
-        """Send one message per node and return at once; :meth:`collect` waits for the
+        """Send one message per node and return at once; `collect` waits for the
         replies. The time limits of ``collect`` count from here, so other work (imports,
         loading data) can overlap the round trip."""
         self.count += 1
@@ -88,7 +88,7 @@ class Exchange:
     def collect(
         self, sent: Pending, timeout: float, deadline: float | None = None
     ) -> tuple[dict[int, Message], dict[int, str]]:
-        """The replies to the messages of one :meth:`push`: ({node: reply}, {node: why it
+        """The replies to the messages of one `push`: ({node: reply}, {node: why it
         failed}); ``timeout`` and ``deadline`` as for a call, counted from the push."""
         if sent.unsent is not None:
             return self._send_and_receive(*sent.unsent, timeout)

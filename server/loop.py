@@ -57,7 +57,7 @@ def serve(
 ) -> RunResult:
     """Run FA-HMC over the grid's clients and write the run's files; the ServerApp's body.
 
-    ``started`` is the run's :func:`fedhmc_server.startup.begin` when the caller already
+    ``started`` is the run's `fedhmc_server.startup.begin` when the caller already
     sent the size query (the ServerApp does, before its heavy imports)."""
     cfg = cfg.resolve()
     if started is None:

@@ -52,7 +52,7 @@ def _hard_stop(signum: int) -> None:
 def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunResult:
     """Run ``cfg`` through Flower's simulation engine.
 
-    It writes the same files as :func:`fedhmc.runtime.engine.run`.
+    It writes the same files as `fedhmc.runtime.engine.run`.
 
     ``client_app`` replaces the ClientApp (tests use it to inject failures).
     """

@@ -2,8 +2,8 @@
 
 The ServerApp's process starts cold: importing PyTorch and fedhmc's sampler and loading the
 test data take seconds. None of that is needed to learn which clients are connected and
-how many examples each holds, so :func:`begin` (Flower only, no PyTorch) waits for the
-nodes and sends the size query at once, and :meth:`Started.sizes` collects the answers
+how many examples each holds, so `begin` (Flower only, no PyTorch) waits for the
+nodes and sends the size query at once, and `Started.sizes` collects the answers
 after the caller has done its imports and built its evaluator, which thus overlap the
 query's round trip.
 """
@@ -41,7 +41,7 @@ def wait_for_nodes(grid: Grid, count: int, timeout: float) -> list[int]:
 
 @dataclass
 class Started:
-    """Connected nodes and their size query in flight (:func:`begin`)."""
+    """Connected nodes and their size query in flight (`begin`)."""
 
     exchange: Exchange
     nodes: list[int]

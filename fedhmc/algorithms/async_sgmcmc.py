@@ -8,14 +8,15 @@ arrives, with no waiting for the other workers:
     SGHMC:  q ← (1 − B h) q − h g / τ + √(2 B h) ζ_t,   θ ← θ + h q
     SGLD:   θ ← θ − h g / τ + √(2 h) ζ_t
 
-and t ← t + 1. The gradient's staleness is the number of updates applied between the θ the
-worker was sent and this one, t_now − t_sent; a gradient staler than ``max_staleness`` is
-dropped, as in Chen et al.'s Algorithm 1 (``if δ_l ≤ δ``). ζ_t is the chain's counter-based
-noise of step t (the stream of :mod:`fedhmc.algorithms.stale`), so a chain whose gradients
-all arrive fresh is ``fedhmc.algorithms.stale``'s chain with δ = 0, bit for bit.
+and t ← t + 1. The gradient's staleness is the number of updates applied between the θ the worker
+was sent and this one, t_now − t_sent; a gradient staler than ``max_staleness`` is dropped, as in
+Chen et al.'s Algorithm 1 (``if δ_l ≤ δ``). ζ_t is the chain's counter-based noise of step t (the
+stream of [`fedhmc.algorithms.stale`][fedhmc.algorithms.stale]), so a chain whose gradients all
+arrive fresh is ``fedhmc.algorithms.stale``'s chain with δ = 0, bit for bit.
 
-This module is pure torch: no messages, no clocks. :class:`AsyncChain` is the state
-machine the Flower ServerApp (``fedhmc_server.async_loop``) drives, one per server.
+This module is pure torch: no messages, no clocks.
+[`AsyncChain`][fedhmc.algorithms.async_sgmcmc.AsyncChain] is the state machine the Flower
+ServerApp (``fedhmc_server.async_loop``) drives, one per server.
 """
 
 from __future__ import annotations
@@ -42,7 +43,7 @@ class Settings:
     method
         ``"sghmc"`` or ``"sgld"``.
     step_size, friction, temperature
-        h, B (SGHMC) and τ, validated as in :class:`fedhmc.algorithms.stale.stale.Settings`.
+        h, B (SGHMC) and τ, validated as in `fedhmc.algorithms.stale.stale.Settings`.
     max_staleness
         δ: a gradient with staleness > δ is dropped.
     """
@@ -62,7 +63,8 @@ class Settings:
 
     @staticmethod
     def from_config(cfg) -> Settings:
-        """From a resolved :class:`~fedhmc.runtime.config.RunConfig` with an async algorithm."""
+        """From a resolved [`RunConfig`][fedhmc.runtime.config.RunConfig] with an async
+        algorithm."""
         return Settings(
             method=cfg.algorithm.removeprefix("async-"),
             step_size=float(cfg.step_size),
@@ -93,7 +95,7 @@ class AsyncChain:
     theta
         θ_0, (D,).
     settings
-        The chain's :class:`Settings`.
+        The chain's [`Settings`][fedhmc.algorithms.async_sgmcmc.Settings].
     seed, chain
         The run seed and the chain's index: the noise of step t is drawn from the chain's
         key (``stale.chain_keys(seed, S)[chain]``) and t.

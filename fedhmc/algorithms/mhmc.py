@@ -6,10 +6,11 @@ a Metropolis accept/reject, so its stationary law is the posterior exactly. Each
 adapts its own step size during warm-up by dual averaging (Hoffman & Gelman 2014, §3.2) to
 a target acceptance rate (0.8 by default), then freezes it; during sampling the step size is
 jittered uniformly by ±10 % per proposal so that no trajectory length resonates with the
-target. Randomness is counter-based (:mod:`fedhmc.core.rng`), keyed by (seed, chain, iteration).
+target. Randomness is counter-based ([`fedhmc.core.rng`][fedhmc.core.rng]), keyed by
+(seed, chain, iteration).
 
 The diagnostics across chains (rank-normalised split R̂ and bulk ESS) live in
-:mod:`fedhmc.analysis.diagnostics` and are re-exported here.
+[`fedhmc.analysis.diagnostics`][fedhmc.analysis.diagnostics] and are re-exported here.
 """
 
 from __future__ import annotations
@@ -45,7 +46,8 @@ EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
 
 def pooled_energy(target) -> EnergyGrad:
     """The pooled energy f = Σ_c w_c f^(c) of a fedhmc target, full batch, as an
-    :data:`EnergyGrad` (for a :class:`~fedhmc.models.targets.DataTarget` this is the sum of the
+    [`EnergyGrad`][fedhmc.algorithms.mhmc.EnergyGrad] (for a
+    [`DataTarget`][fedhmc.models.targets.DataTarget] this is the sum of the
     NLL over all training points plus the prior's −log density)."""
     full = target.with_batch_size(0)
 

@@ -242,9 +242,9 @@ def warning(diag: dict) -> str | None:
 def ess_basic(draws: ArrayLike) -> np.ndarray:
     """Effective sample size of the raw (not rank-normalised) split chains.
 
-    This is the ESS that governs the Monte Carlo standard error of a posterior mean,
-    sd / √ESS (Vehtari et al. 2021, §3.2); the bulk :func:`ess` measures the same for
-    rank-based (quantile) summaries and is robust to heavy tails.
+    This is the ESS that governs the Monte Carlo standard error of a posterior mean, sd / √ESS
+    (Vehtari et al. 2021, §3.2); the bulk [`ess`][fedhmc.analysis.diagnostics.ess] measures the same
+    for rank-based (quantile) summaries and is robust to heavy tails.
     """
     return _shape_out(draws, _ess_raw(split_chains(draws)))
 

@@ -21,7 +21,8 @@ def fahmc_gaussian_stationary(
     temperature: float = 1.0,
     debiased: bool = False,
 ) -> tuple[float, float, float]:
-    """Exact stationary law of FA-HMC's global sample on a :class:`GaussianTarget`.
+    """Exact stationary law of FA-HMC's global sample on a
+    [`GaussianTarget`][fedhmc.models.targets.GaussianTarget].
 
     On quadratic energies every FA-HMC operation is linear-Gaussian, coordinate by
     coordinate, so one communication round maps the broadcast coordinate θ̄ to
@@ -85,7 +86,7 @@ def fahmc_gaussian_transient(
     """Exact law of plain FA-HMC's θ̄_r, r = 1 … ``rounds``, from θ̄_0 = ``theta0``.
 
     Each coordinate of θ̄_r is N(m_r, v_r) with m_r = α m_{r−1} + β and
-    v_r = α² v_{r−1} + γ (the round map of :func:`fahmc_gaussian_stationary`), so the
+    v_r = α² v_{r−1} + γ (the round map of `fahmc_gaussian_stationary`), so the
     W₂² of θ̄_r to the posterior N(m 1_d, v I) is d ((m_r − m)² + (√v_r − √v)²) exactly,
     with no Monte Carlo error.
 

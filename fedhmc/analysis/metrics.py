@@ -147,7 +147,8 @@ def gaussian_w2_sq(m1, cov1, m2, cov2) -> torch.Tensor:
 
 
 def gaussian_w2(m1, cov1, m2, cov2) -> float:
-    """W₂ between N(m₁, Σ₁) and N(m₂, Σ₂) (see :func:`gaussian_w2_sq`)."""
+    """W₂ between N(m₁, Σ₁) and N(m₂, Σ₂) (see
+    [`gaussian_w2_sq`][fedhmc.analysis.metrics.gaussian_w2_sq])."""
     return math.sqrt(max(float(gaussian_w2_sq(m1, cov1, m2, cov2)), 0.0))
 
 

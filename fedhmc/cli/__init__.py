@@ -1,4 +1,4 @@
-"""The ``fedhmc`` command line, one module per subcommand; :func:`main` is the entry point."""
+"""The ``fedhmc`` command line, one module per subcommand; `main` is the entry point."""
 
 from fedhmc.cli.main import main
 

@@ -1,5 +1,5 @@
 """The run options shared by ``fedhmc run``, ``sweep`` and ``experiment``: one option per
-:class:`~fedhmc.runtime.config.RunConfig` field, in kebab-case (the same keys as Flower's
+[`RunConfig`][fedhmc.runtime.config.RunConfig] field, in kebab-case (the same keys as Flower's
 run config).
 """
 
@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 
 def add_threads_option(parser: argparse.ArgumentParser, default: str = "auto") -> None:
-    """``--threads N|auto``: torch's intra-op threads (see :mod:`fedhmc.runtime.threads`)."""
+    """``--threads N|auto``: torch's intra-op threads (see `fedhmc.runtime.threads`)."""
     parser.add_argument(
         "--threads",
         default=default,

@@ -32,7 +32,7 @@ def noise_keys(keys: torch.Tensor) -> torch.Tensor:
 def add_noise(
     g: torch.Tensor, keys: torch.Tensor, counter: int, sigma: float, inplace: bool = False
 ) -> torch.Tensor:
-    """g + σ N(0, I), the noise drawn from the noise ``keys`` (:func:`noise_keys`) at
+    """g + σ N(0, I), the noise drawn from the noise ``keys`` (`noise_keys`) at
     ``counter``; its shape is ``keys.shape + (D,)``, reshaped to g's. σ = 0: g itself."""
     if sigma <= 0.0:
         return g

@@ -39,7 +39,8 @@ def leapfrog(
     Parameters
     ----------
     grad_fn
-        Gradient oracle, see :data:`GradFn`; called K + 1 times (K times if ``grad`` given).
+        Gradient oracle, see [`GradFn`][fedhmc.core.integrators.GradFn]; called K + 1 times (K times
+        if ``grad`` given).
     theta, momentum
         Start position and momentum, any shape (leading dimensions are batch dimensions:
         chains, clients). They are not modified.

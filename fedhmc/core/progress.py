@@ -1,9 +1,9 @@
 """Progress bars for long work, with one switch for the whole process.
 
 Every long command (``fedhmc run``, ``sweep``, ``experiment``, ``python -m benchmarks``)
-shows its progress through :func:`bar`: a tqdm bar with the elapsed time and an estimate of
+shows its progress through `bar`: a tqdm bar with the elapsed time and an estimate of
 the time left, drawn only on a terminal. ``--quiet`` turns every bar of the process off
-(:func:`set_quiet`).
+(`set_quiet`).
 """
 
 from __future__ import annotations
@@ -128,7 +128,7 @@ def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
 
 
 class _Null:
-    """What :func:`bar_or_null` gives when quiet: ``update`` and ``close`` do nothing."""
+    """What `bar_or_null` gives when quiet: ``update`` and ``close`` do nothing."""
 
     def update(self, n: int = 1) -> None:
         pass
@@ -138,7 +138,7 @@ class _Null:
 
 
 def bar_or_null(total: int, desc: str, unit: str, **kwargs):
-    """:func:`bar`, or an object with the same methods that does nothing when quiet."""
+    """`bar`, or an object with the same methods that does nothing when quiet."""
     b = bar(total, desc, unit, **kwargs)
     return _Null() if b is None else b
 

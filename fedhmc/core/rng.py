@@ -120,7 +120,7 @@ def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
 
 
 def derive_int(key: int, *parts: int) -> int:
-    """:func:`derive` for Python ints; returns a non-negative int below 2**63.
+    """[`derive`][fedhmc.core.rng.derive] for Python ints; returns a non-negative int below 2**63.
 
     The result fits an int64 (and Flower's ConfigRecord), so it can travel as a seed.
     """
@@ -128,7 +128,7 @@ def derive_int(key: int, *parts: int) -> int:
 
 
 def _derive_ints(key: int, parts) -> int:
-    """:func:`derive` on Python ints, as an unsigned 64-bit int."""
+    """[`derive`][fedhmc.core.rng.derive] on Python ints, as an unsigned 64-bit int."""
     k = key & _MASK64
     for part in parts:
         k = mix_int(k ^ mix_int((int(part) + _GOLDEN) & _MASK64))
@@ -137,7 +137,7 @@ def _derive_ints(key: int, parts) -> int:
 
 def _bits(keys: torch.Tensor, counters: torch.Tensor) -> torch.Tensor:
     """Hash of (key, counter): ``mix(key ^ mix(counter + golden))``, broadcast (off the
-    CPU; the CPU paths hash in NumPy, :func:`_keyed_np`)."""
+    CPU; the CPU paths hash in NumPy, `_keyed_np`)."""
     return _mix(keys ^ _mix(counters + _GOLDEN_S))
 
 
@@ -159,7 +159,7 @@ _NP_SHIFTS = tuple(np.uint64(s) for s in (30, 27, 31))
 
 
 def _mix_np(z: np.ndarray) -> np.ndarray:
-    """:func:`_mix` in place on a uint64 array (which it returns)."""
+    """`_mix` in place on a uint64 array (which it returns)."""
     s30, s27, s31 = _NP_SHIFTS
     z ^= z >> s30
     z *= _NP_M1
@@ -170,7 +170,7 @@ def _mix_np(z: np.ndarray) -> np.ndarray:
 
 
 def _bits_np(keys: np.ndarray, counters: np.ndarray) -> np.ndarray:
-    """:func:`_bits` on uint64 arrays: a new array of the broadcast shape."""
+    """`_bits` on uint64 arrays: a new array of the broadcast shape."""
     inner = _mix_np(counters + _NP_GOLDEN)
     return _mix_np(np.bitwise_xor(keys, inner))
 
@@ -194,7 +194,7 @@ _MIXED_BUDGET = 32 << 20  # bytes of cached counter hashes
 def _mixed_counters(hi: int, count: int, n: int, odd: int = 0) -> np.ndarray:
     """``mix(counter + golden)`` of draws ``hi … hi+count−1`` (elements 0 … n−1, Box-Muller
     half ``odd``), (count, n): the half of the hash that does not depend on the key, the
-    same in every round, so kept (read-only) up to :data:`_MIXED_BUDGET` bytes."""
+    same in every round, so kept (read-only) up to `_MIXED_BUDGET` bytes."""
     key = (hi, count, n, odd)
     got = _MIXED.get(key)
     if got is None:
@@ -232,7 +232,8 @@ def uniform(keys: torch.Tensor, hi: int, n: int) -> torch.Tensor:
 
 
 def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tensor:
-    """``count`` consecutive :func:`uniform` draws at once, shape ``keys.shape + (count, n)``.
+    """``count`` consecutive [`uniform`][fedhmc.core.rng.uniform] draws at once, shape ``keys.shape
+    + (count, n)``.
 
     Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
     """

@@ -1,10 +1,9 @@
 """Every random-number stream of fedhmc, in one table.
 
-Randomness is counter-based (:mod:`fedhmc.core.rng`): a key is derived from the run's seed,
-a *stream id* and indices (client, chain, round, ...), and the draws are a function of that
-key and a counter. Each use of randomness has its own stream id, so no two uses ever share
-numbers, and adding a use never changes the numbers of another. A test checks that the ids
-are unique.
+Randomness is counter-based ([`fedhmc.core.rng`][fedhmc.core.rng]): a key is derived from the run's
+seed, a *stream id* and indices (client, chain, round, ...), and the draws are a function of that
+key and a counter. Each use of randomness has its own stream id, so no two uses ever share numbers,
+and adding a use never changes the numbers of another. A test checks that the ids are unique.
 """
 
 from __future__ import annotations

@@ -101,7 +101,7 @@ class LogisticRegression:
         sw: torch.Tensor,
         need_value: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """:meth:`loss_grad` when every chain sees the same data (full batch).
+        """`loss_grad` when every chain sees the same data (full batch).
 
         θ is (S, N, D) and X (N, n, F+1): the chains become extra columns of each client's
         weight matrix, so X is read once per client instead of being copied per chain.
@@ -212,7 +212,7 @@ class MLP:
         Forward: z_l = a_{l−1} W_lᵀ + b_l (one ``baddbmm`` per layer), a_l = ReLU(z_l).
         Backward from r = sw ⊙ (softmax − onehot): ∇W_l = r_lᵀ a_{l−1}, ∇b_l = Σ_i r_l,
         r_{l−1} = (r_l W_l) ⊙ 1[z_{l−1} > 0]. The same numbers as autograd through
-        :meth:`_row_loss` (tested), at about the cost of the plain batched kernel.
+        `_row_loss` (tested), at about the cost of the plain batched kernel.
         """
         params = self._unflatten(theta)
         names = list(params)
@@ -248,7 +248,8 @@ class MLP:
         return torch.cat([g.reshape(M, -1) for g in grads], dim=1), nll
 
     def loss_grad_autograd(self, theta, X, y, sw, need_value: bool = True):
-        """The same as :meth:`loss_grad` through ``torch.func`` (the reference in tests)."""
+        """The same as [`loss_grad`][fedhmc.models.nets.MLP.loss_grad] through ``torch.func`` (the
+        reference in tests)."""
         return self._grad(theta, X, y, sw)
 
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:

@@ -1,7 +1,7 @@
 """What the samplers expect of a target and a model, as typed interfaces (``typing.Protocol``).
 
-Any object with these methods can be sampled: :class:`~fedhmc.models.targets.DataTarget`
-(data on clients) and :class:`~fedhmc.models.targets.GaussianTarget` (the synthetic
+Any object with these methods can be sampled: [`DataTarget`][fedhmc.models.targets.DataTarget]
+(data on clients) and [`GaussianTarget`][fedhmc.models.targets.GaussianTarget] (the synthetic
 Gaussian) are the two built in. ``isinstance(x, Target)`` checks the methods' presence.
 """
 

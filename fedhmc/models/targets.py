@@ -8,10 +8,10 @@ so every local energy is the client's own data scaled up to the full data size p
 whole prior, and π ∝ exp(−f) is the full-data posterior. A minibatch S of size B gives the
 unbiased estimate (n / B) Σ_{i∈S} ∇ℓ(θ; z_i^c) − ∇log p₀(θ).
 
-A target is evaluated on positions of shape (S, N, D): S chains × N clients. Its ``grad``
-takes per-(chain, client) int64 keys from which it draws its minibatches (counter-based,
-see :mod:`fedhmc.core.rng`), so a target restricted to one client (``client(c)``) draws exactly
-what the full target draws for that client.
+A target is evaluated on positions of shape (S, N, D): S chains × N clients. Its ``grad`` takes
+per-(chain, client) int64 keys from which it draws its minibatches (counter-based, see
+[`fedhmc.core.rng`][fedhmc.core.rng]), so a target restricted to one client (``client(c)``) draws
+exactly what the full target draws for that client.
 """
 
 from __future__ import annotations
@@ -28,7 +28,8 @@ MINIBATCH_LAWS = ("uniform", "reshuffle")
 
 
 PREFETCH_MAX_VALUES = 1 << 21
-"""At most this many minibatch uniforms are drawn ahead in one :meth:`DataTarget.prefetch`."""
+"""At most this many minibatch uniforms are drawn ahead in one
+[`DataTarget.prefetch`][fedhmc.models.targets.DataTarget.prefetch]."""
 PREFETCH_MAX_GATHER_BYTES = 16 << 20
 """Prefetched minibatches up to this size are also gathered ahead, all in one go."""
 
@@ -39,7 +40,7 @@ class DataTarget:
     Parameters
     ----------
     model
-        A model from :mod:`fedhmc.models.nets`.
+        A model from [`fedhmc.models.nets`][fedhmc.models.nets].
     parts
         One (X_c, y_c) pair per client: features (n_c, *feature_shape), such as (n_c, F) or
         (n_c, C, H, W), and integer labels (n_c,).
@@ -58,7 +59,7 @@ class DataTarget:
         B, so a pass visits every point exactly once; when B does not divide n_c the last
         batch of a pass is smaller (and scaled by n / its size). The evaluation counter is
         then the client's global minibatch number, and the keys are the run's
-        :func:`fedhmc.algorithms.fahmc.data_keys`.
+        [`fedhmc.algorithms.fahmc.data_keys`][fedhmc.algorithms.fahmc.data_keys].
     """
 
     def __init__(
@@ -157,11 +158,12 @@ class DataTarget:
     ) -> None:
         """Draw the minibatch indices of evaluations ``start … start+count−1`` in one go.
 
-        The result is exactly what :meth:`grad` would draw one evaluation at a time; doing
-        it for many evaluations at once saves most of the per-call overhead. With
-        ``horizon`` > ``count``, up to ``horizon`` evaluations are drawn ahead as far as
-        :data:`PREFETCH_MAX_VALUES` uniforms allow (the engine asks for the rest of the
-        round), and a later call whose range is already drawn does nothing.
+        The result is exactly what [`grad`][fedhmc.models.targets.DataTarget.grad] would draw one
+        evaluation at a time; doing it for many evaluations at once saves most of the per-call
+        overhead. With ``horizon`` > ``count``, up to ``horizon`` evaluations are drawn ahead as far
+        as [`PREFETCH_MAX_VALUES`][fedhmc.models.targets.PREFETCH_MAX_VALUES] uniforms allow (the
+        engine asks for the rest of the round), and a later call whose range is already drawn does
+        nothing.
         """
         if self.full_batch or self.minibatch == "reshuffle":
             return

@@ -1,4 +1,4 @@
-"""Where a run goes: the one place that sends a :class:`~fedhmc.runtime.config.RunConfig`
+"""Where a run goes: the one place that sends a [`RunConfig`][fedhmc.runtime.config.RunConfig]
 to its backend (``--backend engine`` or ``flower``).
 
 The Flower backend lives in the Flower layer (``fedhmc_server``), above the runtime; it is
@@ -18,7 +18,8 @@ BACKENDS = {
 
 
 def run_config(cfg, progress: bool = True, threads: int | str | None = None):
-    """Run ``cfg`` on its backend; returns the backend's :class:`RunResult`.
+    """Run ``cfg`` on its backend; returns the backend's
+    [`RunResult`][fedhmc.runtime.engine.RunResult].
 
     ``threads`` (a number, ``"auto"`` or None) sets torch's intra-op threads: the engine
     chooses for ``"auto"`` from the size of a gradient evaluation; other backends take a

@@ -6,11 +6,11 @@ length and SHA-256) followed by the payload, a ``torch.save`` of plain data: ten
 numbers, strings, lists and dicts. The write goes to a temporary file that is flushed and
 fsync'ed, the previous checkpoint is renamed to ``checkpoint.prev.pt``, and the new one is
 renamed into place. A ``kill -9`` at any moment therefore leaves at least one complete
-checkpoint. A truncated or corrupted file fails its checksum, and :func:`load` falls back
+checkpoint. A truncated or corrupted file fails its checksum, and `load` falls back
 to the previous one.
 
-Nothing random needs saving: every random number fedhmc draws is a function of the run
-seed, the round and counters (:mod:`fedhmc.core.rng`), so the state is the positions, the
+Nothing random needs saving: every random number fedhmc draws is a function of the run seed, the
+round and counters ([`fedhmc.core.rng`][fedhmc.core.rng]), so the state is the positions, the
 carried momenta, the streaming accumulators and the round reached.
 """
 

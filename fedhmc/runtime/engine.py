@@ -1,10 +1,11 @@
 """The round loop shared by both backends, and the in-process batched engine.
 
-:func:`run_loop` owns everything that happens between rounds: the non-finite check,
-collecting the global sample every ``thin`` rounds after ``burn_in``, evaluating it, the
-progress bar, and the run's files. A backend only supplies ``round_fn(theta_bar, r)``:
-:func:`run` (``fedhmc run``) advances all clients and chains in one batched computation;
-the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages their replies.
+[`run_loop`][fedhmc.runtime.engine.run_loop] owns everything that happens between rounds: the
+non-finite check, collecting the global sample every ``thin`` rounds after ``burn_in``, evaluating
+it, the progress bar, and the run's files. A backend only supplies ``round_fn(theta_bar, r)``:
+[`run`][fedhmc.runtime.engine.run] (``fedhmc run``) advances all clients and chains in one batched
+computation; the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages their
+replies.
 """
 
 from __future__ import annotations
@@ -158,7 +159,7 @@ authors' tuned Fashion-MNIST settings it is about 50–400 × d in the first rou
 class StopRequest:
     """A stop asked for from another thread: the Flower simulation runs the server's round
     loop in a thread of its own, so the main thread's signal handler records the signal
-    here and the loop stops after its round (:func:`request_stop`)."""
+    here and the loop stops after its round (`request_stop`)."""
 
     signum: int | None = None
 
@@ -171,7 +172,7 @@ class _Stop:
     """Signal handling for the duration of a run: the first SIGINT/SIGTERM asks the run to
     stop after the round in flight; a second one stops it at once (KeyboardInterrupt).
     Outside the main thread no handler can be installed; the loop then polls
-    :class:`StopRequest`."""
+    [`StopRequest`][fedhmc.runtime.engine.StopRequest]."""
 
     def __init__(self, announce: bool):
         self._signum: int | None = None
@@ -311,7 +312,7 @@ def run_loop(
     items join ``summary.json``: a backend's own report. ``backend_state`` is the (get,
     set) pair of what the backend keeps between rounds, saved in checkpoints.
 
-    Checkpoints (:mod:`fedhmc.runtime.checkpoint`) are written every ``--checkpoint-every`` rounds
+    Checkpoints (`fedhmc.runtime.checkpoint`) are written every ``--checkpoint-every`` rounds
     (unset: at most once a minute), at the end, and when SIGINT or SIGTERM stops the run
     after the round in flight. With ``--resume`` the run continues from its checkpoint and
     gives the same numbers as a run that was never stopped.
@@ -619,14 +620,14 @@ def run(
     cfg
         The run's settings; resolved here if not yet.
     problem
-        A prebuilt problem (defaults to :func:`fedhmc.runtime.problem.build_problem`).
+        A prebuilt problem (defaults to `fedhmc.runtime.problem.build_problem`).
     progress
         Show a progress bar over rounds (on a terminal).
     on_round
         Called with each round's metrics row.
     threads
         torch's intra-op threads for the run: a number, ``"auto"`` (one thread for small
-        gradient evaluations, every core for large ones: :mod:`fedhmc.runtime.threads`), or
+        gradient evaluations, every core for large ones: `fedhmc.runtime.threads`), or
         None to leave torch's setting as it is.
     """
     if cfg.backend != "engine":  # the run's own backend (Flower's simulation), not this one

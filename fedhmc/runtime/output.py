@@ -55,7 +55,7 @@ class RunWriter:
     ----------
     out
         Output directory; created if missing. An unwritable directory raises
-        :class:`ConfigError` before any work is done.
+        `ConfigError` before any work is done.
     columns
         The metrics.csv columns after ``round`` (the evaluator's columns), followed by
         ``wall_s`` and ``grad_evals``.

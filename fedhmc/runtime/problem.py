@@ -1,6 +1,6 @@
-"""From a resolved :class:`~fedhmc.runtime.config.RunConfig` to what a run needs.
+"""From a resolved [`RunConfig`][fedhmc.runtime.config.RunConfig] to what a run needs.
 
-A :class:`Problem` holds the federated target (the clients' energies), the evaluator of
+A `Problem` holds the federated target (the clients' energies), the evaluator of
 the global sample (the Bayesian-model-average predictive on the test split, or W₂ to the
 exact posterior for Gaussian targets), and the initial position. The engine, the Flower
 ServerApp and the Flower ClientApp all build theirs here, so they agree on the data.
@@ -236,7 +236,7 @@ def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, dev
 
 def build_clients_target(cfg: RunConfig, num_total: int | None = None, device="cpu"):
     """Every client's target in one: what the co-located clients of a Flower simulation
-    compute with (:func:`fedhmc_clients.task.colocated_update`)."""
+    compute with (`fedhmc_clients.task.colocated_update`)."""
     if cfg.dataset in GAUSSIAN_TARGETS:
         return hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
     data, parts = load_client_data(cfg)

@@ -26,9 +26,10 @@ _ABBREV = {
 def parse_grid(text: str) -> dict[str, list[str]]:
     """Parse ``"KEY=V1,V2 KEY2=V3"`` into ``{"KEY": ["V1", "V2"], "KEY2": ["V3"]}``.
 
-    Keys are checked against :meth:`RunConfig.keys` (snake-case is accepted and turned
-    into kebab-case); values stay text and are parsed per cell by
-    :meth:`RunConfig.from_mapping`. A value holding a comma (``hidden``) needs the TOML file.
+    Keys are checked against [`RunConfig.keys`][fedhmc.runtime.config.RunConfig.keys] (snake-case is
+    accepted and turned into kebab-case); values stay text and are parsed per cell by
+    [`RunConfig.from_mapping`][fedhmc.runtime.config.RunConfig.from_mapping]. A value holding a
+    comma (``hidden``) needs the TOML file.
 
     Raises
     ------

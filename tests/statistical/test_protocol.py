@@ -2,7 +2,7 @@
 written here, independently of the sampler's code.
 
 1. On Gaussian clients the protocol is a linear-Gaussian recursion of the clients'
-   (position, momentum) pairs, one coordinate at a time. :func:`exact_moments` propagates
+   (position, momentum) pairs, one coordinate at a time. `exact_moments` propagates
    its mean and covariance step by step (momentum draws, leapfrog steps with one or two
    gradients each, the averaging of positions and momenta every T leapfrog steps on a
    global counter) until they stop changing: the exact stationary law of the sampled θ̄.

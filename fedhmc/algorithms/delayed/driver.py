@@ -59,9 +59,9 @@ def run_delayed(
 ) -> DelayedResult:
     """Run delayed SGLD with ``settings.workers`` processes sharing X; see the module doc.
 
-    Raises :class:`WorkerError` (naming the worker) if a worker raises, exits abnormally or
+    Raises `WorkerError` (naming the worker) if a worker raises, exits abnormally or
     the run exceeds ``settings.timeout``; no worker process is left running in any case.
-    Raises :class:`~fedhmc.errors.NonFiniteError` if the chains diverge.
+    Raises `NonFiniteError` if the chains diverge.
     """
     s = settings.validate()
     ctx = torch.multiprocessing.get_context(s.start_method)

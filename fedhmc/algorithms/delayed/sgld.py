@@ -1,6 +1,6 @@
 """Delayed SGLD's settings and its update: one worker's noisy increment
-−γ ∇Ũ_p(X̂) + √(2τγ) G_p, with counter-based noise and minibatches, and the ``sync`` chain
-computed in one process (:func:`sequential_reference`).
+−γ ∇Ũ_p(X̂) + √(2τγ) G_p, with counter-based noise and minibatches, and the ``sync`` chain computed
+in one process ([`sequential_reference`][fedhmc.algorithms.delayed.sgld.sequential_reference]).
 """
 
 from __future__ import annotations
