@@ -191,13 +191,15 @@ class Settings:
 
 
 def energy_error_sign(k: int, steps: int, fresh: bool) -> int:
-    """The sign of |g_k|² in the leapfrog's energy error over one trajectory piece.
+    r"""The sign of $|g_k|^2$ in the leapfrog's energy error over one trajectory piece.
 
-    One velocity-Verlet step changes H = U + |p|²/2 by (η²/8)(|g_{k+1}|² − |g_k|²) plus the
-    error of the trapezoid rule ½(g_k + g_{k+1})·(θ_{k+1} − θ_k) for U(θ_{k+1}) − U(θ_k),
+    One velocity-Verlet step changes $H = U + |p|^2/2$ by
+    $\frac{\eta^2}{8}(|g_{k+1}|^2 - |g_k|^2)$ plus the error of the trapezoid rule
+    $\frac12 (g_k + g_{k+1}) \cdot (\theta_{k+1} - \theta_k)$ for $U(\theta_{k+1}) - U(\theta_k)$,
     which vanishes for a quadratic U. Over K steps the sum telescopes to
-    (η²/8)(|g_K|² − |g_0|²): the first evaluation counts −1 and the last +1. With fresh
-    gradients (evaluations 2k at θ_k and 2k + 1 at θ_{k+1}, on different minibatches) the
+    $\frac{\eta^2}{8}(|g_K|^2 - |g_0|^2)$: the first evaluation counts −1 and the last +1. With
+    fresh gradients (evaluations 2k at $\theta_k$ and 2k + 1 at $\theta_{k+1}$, on different
+    minibatches) the
     same two ends are used: the per-step terms would add the minibatch noise of |g|² 2K
     times over, which measures the noise, not the integrator. Costs one reduction for each
     end and no extra gradient.

@@ -1,4 +1,4 @@
-"""Convergence diagnostics across chains: rank-normalised split R̂ and bulk ESS.
+r"""Convergence diagnostics across chains: rank-normalised split R̂ and bulk ESS.
 
 Draws are arrays shaped (n, m) — n draws of m chains — or (n, m, D), with one result per
 coordinate. Torch tensors and numpy arrays are both accepted; the work is done in float64
@@ -19,11 +19,13 @@ folding, and localization: an improved R̂", Bayesian Analysis 16(2)):
 - **Folding.** The same R̂ of the rank-normalised |x − median(x)| detects chains that
   agree in location but differ in scale. The reported R̂ is max(bulk R̂, folded R̂).
 - **Bulk ESS.** The ESS of the rank-normalised split chains: per-chain autocovariances
-  γ_{t,j} by FFT (zero-padded, divisor n'), combined as ρ_t = 1 − (W − mean_j γ_{t,j}) /
-  var⁺ with γ_{0,j} taken with divisor n' − 1 as in Stan; Geyer's initial positive
-  sequence sums the pairs Γ_k = ρ_{2k} + ρ_{2k+1} up to the first Γ_k ≤ 0 and makes them
+  $\gamma_{t,j}$ by FFT (zero-padded, divisor n'), combined as
+  $\rho_t = 1 - (W - \mathrm{mean}_j\, \gamma_{t,j}) / \mathrm{var}^+$ with $\gamma_{0,j}$
+  taken with divisor n' − 1 as in Stan; Geyer's initial positive sequence sums the pairs
+  $\Gamma_k = \rho_{2k} + \rho_{2k+1}$ up to the first $\Gamma_k \le 0$ and makes them
   non-increasing (initial monotone sequence), over at most ⌊(n' − 3)/2⌋ pairs as ArviZ
-  does; τ = −1 + 2 Σ_k Γ_k (+ ρ_{2K} of the first pair not summed when positive, Stan's
+  does; $\tau = -1 + 2 \sum_k \Gamma_k$ (+ $\rho_{2K}$ of the first pair not summed when
+  positive, Stan's
   correction); ESS = N / max(τ, 1 / log₁₀ N).
 
 Why our own functions rather than ArviZ: ArviZ would pull a heavy dependency tree

@@ -1,18 +1,20 @@
-"""Predictive and sample-quality metrics.
+r"""Predictive and sample-quality metrics.
 
 Predictive metrics take the Bayesian-model-average class probabilities P (M × C, rows
 sum to one), or their logarithms, and integer labels y (M,):
 
-- accuracy: mean of [argmax_k P_mk = y_m];
-- Brier score: mean over m of Σ_k (P_mk − 1[k = y_m])²  (multi-class sum, in [0, 2]);
-- ECE: equal-width bins (15 by default; ``--ece-bins``) over the confidence max_k P_mk,
-  each bin (lo, hi];
-  Σ_b (|b| / M) · |accuracy(b) − confidence(b)|;
-- NLL: −log P_{m, y_m}, as the mean per test point and as the sum.
+- accuracy: mean of $\mathbb{1}[\arg\max_k P_{mk} = y_m]$;
+- Brier score: mean over m of $\sum_k (P_{mk} - \mathbb{1}[k = y_m])^2$ (multi-class sum, in
+  [0, 2]);
+- ECE: equal-width bins (15 by default; ``--ece-bins``) over the confidence
+  $\max_k P_{mk}$, each bin (lo, hi];
+  $\sum_b \frac{|b|}{M} |\mathrm{accuracy}(b) - \mathrm{confidence}(b)|$;
+- NLL: $-\log P_{m, y_m}$, as the mean per test point and as the sum.
 
 Sample-quality metrics compare samples with a reference:
 
-- marginal error ME = (1/d) Σ_i W₁(μ_i, ν_i), 1-D Wasserstein-1 between the i-th marginals;
+- marginal error $\mathrm{ME} = \frac1d \sum_i W_1(\mu_i, \nu_i)$, 1-D Wasserstein-1 between the
+  i-th marginals;
 - W₂ between Gaussians N(m₁, Σ₁) and N(m₂, Σ₂).
 """
 
@@ -49,7 +51,7 @@ def ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> floa
 
 
 def nll(log_probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
-    """(mean, sum) of −log P_{m, y_m}, from log-probabilities."""
+    r"""(mean, sum) of $-\log P_{m, y_m}$, from log-probabilities."""
     lp = log_probs.to(torch.float64).gather(-1, labels.view(-1, 1)).squeeze(-1)
     return float(-lp.mean()), float(-lp.sum())
 
@@ -133,9 +135,12 @@ def _sqrtm_psd(a: torch.Tensor) -> torch.Tensor:
 
 
 def gaussian_w2_sq(m1, cov1, m2, cov2) -> torch.Tensor:
-    """W₂² between N(m₁, Σ₁) and N(m₂, Σ₂), batched over leading dimensions (float64).
+    r"""W₂² between N(m₁, Σ₁) and N(m₂, Σ₂), batched over leading dimensions (float64).
 
-    W₂² = ‖m₁ − m₂‖² + tr(Σ₁ + Σ₂ − 2 (Σ₂^{1/2} Σ₁ Σ₂^{1/2})^{1/2}).
+    $$
+    W_2^2 = \|m_1 - m_2\|^2 + \operatorname{tr}\left(\Sigma_1 + \Sigma_2
+    - 2 (\Sigma_2^{1/2} \Sigma_1 \Sigma_2^{1/2})^{1/2}\right).
+    $$
     """
     m1, m2 = torch.as_tensor(m1, dtype=torch.float64), torch.as_tensor(m2, dtype=torch.float64)
     c1 = torch.as_tensor(cov1, dtype=torch.float64)

@@ -9,7 +9,7 @@ import torch
 
 
 def weighted_average(positions: torch.Tensor, weights: torch.Tensor) -> torch.Tensor:
-    """Average client positions with weights renormalised to sum to one.
+    r"""Average client positions with weights renormalised to sum to one.
 
     Parameters
     ----------
@@ -18,7 +18,7 @@ def weighted_average(positions: torch.Tensor, weights: torch.Tensor) -> torch.Te
     weights
         Non-negative weights, (N,): the clients' n_c (or w_c). They are renormalised over
         the clients given, so averaging over the clients that replied in a round uses
-        w_c / Σ_{replied} w_c.
+        $w_c / \sum_{c \text{ replied}} w_c$.
 
     Returns
     -------

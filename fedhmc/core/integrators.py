@@ -52,7 +52,7 @@ def leapfrog(
         The gradient at ``theta`` if already known (evaluation 0 is then skipped).
     fresh
         Evaluate two fresh gradients per step, ``g_k`` at θ_k (evaluation 2k) for the
-        position and ``g_{k+1}`` at θ_{k+1} (evaluation 2k + 1) for the momentum, instead of
+        position and ``g_{k+1}`` at ``θ_{k+1}`` (evaluation 2k + 1) for the momentum, instead of
         reusing ``g_{k+1}`` as the next step's ``g_k``: 2K evaluations (the authors'
         experiment code). ``grad`` is then ignored.
 

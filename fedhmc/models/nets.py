@@ -37,9 +37,9 @@ def _minus_ones(dtype: torch.dtype, device: torch.device) -> torch.Tensor:
 
 
 class LogisticRegression:
-    """Multiclass (softmax) logistic regression with a bias, closed-form gradient.
+    r"""Multiclass (softmax) logistic regression with a bias, closed-form gradient.
 
-    θ reshapes to W ∈ R^{(F+1) × C}; logits = [x, 1] W. The gradient of
+    θ reshapes to $W \in \mathbb{R}^{(F+1) \times C}$; logits = [x, 1] W. The gradient of
     Σ_i sw_i ℓ_i is X̃ᵀ (sw ⊙ (softmax(X̃W) − onehot(y))), two batched matrix products.
     """
 
@@ -207,11 +207,13 @@ class MLP:
         return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum()
 
     def loss_grad(self, theta, X, y, sw, need_value: bool = True):
-        """Σ_i sw_i ℓ_i of each row and its gradient by hand-written batched backprop.
+        r"""Σ_i sw_i ℓ_i of each row and its gradient by hand-written batched backprop.
 
-        Forward: z_l = a_{l−1} W_lᵀ + b_l (one ``baddbmm`` per layer), a_l = ReLU(z_l).
-        Backward from r = sw ⊙ (softmax − onehot): ∇W_l = r_lᵀ a_{l−1}, ∇b_l = Σ_i r_l,
-        r_{l−1} = (r_l W_l) ⊙ 1[z_{l−1} > 0]. The same numbers as autograd through
+        Forward: $z_l = a_{l-1} W_l^\top + b_l$ (one ``baddbmm`` per layer),
+        $a_l = \mathrm{ReLU}(z_l)$. Backward from
+        $r = sw \odot (\mathrm{softmax} - \mathrm{onehot})$:
+        $\nabla W_l = r_l^\top a_{l-1}$, $\nabla b_l = \sum_i r_l$,
+        $r_{l-1} = (r_l W_l) \odot \mathbb{1}[z_{l-1} > 0]$. The same numbers as autograd through
         `_row_loss` (tested), at about the cost of the plain batched kernel.
         """
         params = self._unflatten(theta)

@@ -1,4 +1,4 @@
-"""Federated targets: the clients' local energies f^(c) and their stochastic gradients.
+r"""Federated targets: the clients' local energies f^(c) and their stochastic gradients.
 
 The target (docs/algorithms.md). Client c holds n_c points, n = Σ n_c, w_c = n_c / n, and
 
@@ -6,7 +6,7 @@ The target (docs/algorithms.md). Client c holds n_c points, n = Σ n_c, w_c = n_
 
 so every local energy is the client's own data scaled up to the full data size plus the
 whole prior, and π ∝ exp(−f) is the full-data posterior. A minibatch S of size B gives the
-unbiased estimate (n / B) Σ_{i∈S} ∇ℓ(θ; z_i^c) − ∇log p₀(θ).
+unbiased estimate $\frac{n}{B} \sum_{i \in S} \nabla\ell(\theta; z_i^c) - \nabla\log p_0(\theta)$.
 
 A target is evaluated on positions of shape (S, N, D): S chains × N clients. Its ``grad`` takes
 per-(chain, client) int64 keys from which it draws its minibatches (counter-based, see

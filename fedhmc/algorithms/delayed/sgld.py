@@ -124,9 +124,10 @@ def increment(
 def sequential_reference(
     problem: Regression, settings: Settings, x0: torch.Tensor | None = None
 ) -> torch.Tensor:
-    """The ``sync`` chain computed in this process, as a plain loop: snapshots (C + 1, R, d).
+    r"""The ``sync`` chain computed in this process, as a plain loop: snapshots (C + 1, R, d).
 
-    Iteration k: X ← X + Σ_{p=0}^{P−1} (−γ ∇Ũ_p(X) + √(2τγ) G_{p,k}), with worker p's keys.
+    Iteration k: $X \leftarrow X + \sum_{p=0}^{P-1} \left(-\gamma \nabla\tilde U_p(X)
+    + \sqrt{2\tau\gamma}\, G_{p,k}\right)$, with worker p's keys.
     """
     s = settings.validate()
     R, d = s.chains, problem.dim
@@ -170,7 +171,8 @@ def init(position: torch.Tensor, settings: Settings) -> State:
 
 
 def step(key: int, state: State, target: Regression, settings: Settings) -> tuple[State, Info]:
-    """One ``sync`` iteration, in this process: X ← X + Σ_p (−γ ∇Ũ_p(X) + √(2τγ) G_{p,k}),
+    r"""One ``sync`` iteration, in this process:
+    $X \leftarrow X + \sum_p (-\gamma \nabla\tilde U_p(X) + \sqrt{2\tau\gamma}\, G_{p,k})$,
     every worker p reading the same X with its own keys derived from ``key`` (the run
     seed). ``target`` is the regression problem, a gradient oracle whose minibatches are
     drawn with replacement. The multi-process driver (``run_delayed``) computes the same
