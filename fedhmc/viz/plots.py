@@ -20,6 +20,7 @@ Every figure is saved as PNG and PDF. Lines are the groups of cells that differ 
 
 from __future__ import annotations
 
+import functools
 import math
 import os
 from pathlib import Path
@@ -53,13 +54,119 @@ def default_metric(rows: list[dict]) -> str:
     return metric
 
 
+WRAP_PANELS = 4
+"""A single row of this many panels or more is laid out on two rows."""
+MIN_LEGEND_SIZE = 7.0
+"""Legend text is at least this many points."""
+
+
+def _log_ticks(axis) -> None:
+    """Labels on a log axis that never crowd: within a decade, a few plain values; within two,
+    the decades and 2 and 5 times them; beyond, the decades. No other minor tick is labelled."""
+    from matplotlib.ticker import (
+        LogFormatterSciNotation,
+        LogLocator,
+        MaxNLocator,
+        NullFormatter,
+        ScalarFormatter,
+    )
+
+    lo, hi = sorted(abs(v) for v in axis.get_view_interval())
+    decades = math.log10(hi / lo) if lo > 0 else math.inf
+    if decades < 1:
+        axis.set_major_locator(MaxNLocator(nbins=4, steps=[1, 2, 2.5, 5, 10]))
+        fmt = ScalarFormatter(useMathText=True)
+        fmt.set_powerlimits((-3, 4))
+        axis.set_major_formatter(fmt)
+    elif decades < 2:
+        axis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+        axis.set_major_formatter(LogFormatterSciNotation(labelOnlyBase=False))
+    axis.set_minor_formatter(NullFormatter())
+
+
+@functools.cache
+def _readable_figure_class():
+    from matplotlib.figure import Figure
+    from matplotlib.ticker import ScalarFormatter
+
+    class ReadableFigure(Figure):
+        """A Figure whose plots stay readable at the width of a documentation page.
+
+        ``subplots(1, n)`` with n ≥ ``WRAP_PANELS`` lays the panels out on two rows (and
+        makes the figure half as wide and twice as tall), returning them in the same order
+        and shape as asked; at saving, large or small tick values get a common ×10ⁿ factor
+        instead of long labels that run into each other, and legend text is at least
+        ``MIN_LEGEND_SIZE`` points.
+        """
+
+        wrapped = False
+
+        def subplots(self, nrows=1, ncols=1, *, squeeze=True, **kwargs):
+            if nrows != 1 or ncols < WRAP_PANELS:
+                return super().subplots(nrows, ncols, squeeze=squeeze, **kwargs)
+            self.wrapped = True
+            cols = math.ceil(ncols / 2)
+            width, height = self.get_size_inches()
+            self.set_size_inches(width * cols / ncols, height * 2)
+            grid = super().subplots(2, cols, squeeze=False, **kwargs)
+            axes = grid.flatten()
+            for ax in axes[ncols:]:
+                ax.remove()
+            axes = axes[:ncols]
+            return axes if squeeze else axes.reshape(1, ncols)
+
+        def savefig(self, *args, **kwargs):
+            for ax in self.axes:
+                for axis in (ax.xaxis, ax.yaxis):
+                    fmt = axis.get_major_formatter()
+                    if type(fmt) is ScalarFormatter:
+                        fmt.set_powerlimits((-3, 4))
+                        fmt.set_useMathText(True)
+                    elif axis.get_scale() == "log":
+                        _log_ticks(axis)
+                legend = ax.get_legend()
+                if legend is not None:
+                    for text in legend.get_texts():
+                        text.set_fontsize(max(text.get_fontsize(), MIN_LEGEND_SIZE))
+            if self.wrapped and not getattr(self, "_tidied", False):
+                self._tidied = True
+                self._legend_below()
+            return super().savefig(*args, **kwargs)
+
+        def _legend_below(self):
+            """A wrapped figure: the legend of the first panel goes under the panels, where it
+            hides no line, and a long title is cut into lines that fit the width."""
+            import textwrap
+
+            width, height = self.get_size_inches()
+            title = self._suptitle
+            if title is not None:
+                chars = int(width * 72 / (title.get_fontsize() * 0.55))
+                title.set_text("\n".join(textwrap.wrap(title.get_text(), chars)))
+            bottom = 0.0
+            legend = self.axes[0].get_legend() if self.axes else None
+            if legend is not None:
+                handles, labels = self.axes[0].get_legend_handles_labels()
+                legend.remove()
+                ncol = min(3, len(labels))
+                size = MIN_LEGEND_SIZE + 0.5
+                self.legend(
+                    handles, labels, loc="lower center", ncol=ncol, fontsize=size, frameon=False
+                )
+                rows = math.ceil(len(labels) / ncol)
+                bottom = (rows * size * 1.7 + 14) / 72 / height
+            self.tight_layout(rect=(0, bottom, 1, 1))
+
+    return ReadableFigure
+
+
 def new_figure(width: float = 6.0, height: float = 4.0):
     """A matplotlib Figure on the Agg canvas: no display, no global pyplot state, so safe in
-    worker processes and tests. Every figure fedhmc draws starts here."""
+    worker processes and tests. Every figure fedhmc draws starts here; a row of four panels
+    or more is laid out on two rows, so that the figure stays readable on a page."""
     from matplotlib.backends.backend_agg import FigureCanvasAgg
-    from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(width, height))
+    fig = _readable_figure_class()(figsize=(width, height))
     FigureCanvasAgg(fig)
     return fig
 

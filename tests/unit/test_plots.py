@@ -121,3 +121,26 @@ def test_bad_input_exits_2_with_one_line(results, tmp_path, capsys, extra, needl
 def test_missing_file_exits_2(tmp_path, capsys):
     assert main(["plot", str(tmp_path / "none.csv"), "--kind", "rounds"]) == 2
     assert "no such file" in capsys.readouterr().err
+
+
+def test_a_row_of_four_panels_is_laid_out_on_two_rows(tmp_path):
+    from fedhmc.viz.plots import new_figure
+
+    fig = new_figure(13, 3.4)
+    axes = fig.subplots(1, 4)
+    assert len(axes) == 4 and len(fig.axes) == 4
+    assert tuple(fig.get_size_inches()) == (6.5, 6.8)
+    rows = sorted({round(ax.get_position().y0, 3) for ax in axes})
+    assert len(rows) == 2
+    for i, ax in enumerate(axes):
+        ax.plot([0, 100_000, 200_000], [1, 2, 3 + i], label=f"line {i}")
+        ax.set_yscale("log" if i % 2 else "linear")
+    axes[0].legend(fontsize=5)
+    fig.suptitle("a long title " * 10)
+    fig.savefig(tmp_path / "f.png")
+    # The legend moved under the panels, its text legible; large ticks got a ×10ⁿ factor.
+    assert axes[0].get_legend() is None and fig.legends
+    assert min(t.get_fontsize() for t in fig.legends[0].get_texts()) >= 7
+    assert "\n" in fig._suptitle.get_text()
+    assert axes[0].xaxis.get_offset_text().get_text()  # ticks 0, 1, 2 and ×10⁵
+    assert fig.subplots(1, 2).shape == (2,)  # short rows are left alone
