@@ -5,6 +5,10 @@ its name in Python and on the command line, its default and its meaning, taken f
 fields' metadata (``help``, ``choices``) and grouped under the section comments of the class
 body (``# Sampler``, ``# Run``, ...). The table is built from the code at every build, so it
 cannot drift from the options that exist.
+
+The tables that the paper experiments write (``results/paper-*/paper_*.md``) get the whole
+width of the window, and results tables whose cells hold a spread ("0.8436 ± 0.0007") keep
+each value on one line.
 """
 
 from __future__ import annotations
@@ -62,7 +66,8 @@ def options_table() -> str:
             current = section
             if lines:
                 lines += ["", "</div>"]
-            lines += ["", f"#### {section or 'Other'}", "", '<div class="options" markdown="1">', ""]
+            lines += ["", f"#### {section or 'Other'}", ""]
+            lines += ['<div class="options" markdown="1">', ""]
             lines += ["| option | default | meaning |", "|---|---|---|"]
         meaning = _cell(f.metadata.get("help", ""))
         choices = f.metadata.get("choices")
@@ -74,7 +79,25 @@ def options_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+# The tables that the paper experiments write as they are (`paper_*.md`): as wide as the
+# experiment makes them, so their pages give them the whole width of the window.
+_GENERATED_TABLE = re.compile(r"^results/paper-[^/]+/paper_[^/]+\.md$")
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
+    if _GENERATED_TABLE.match(page.file.src_uri):
+        page.meta.setdefault("hide", ["navigation", "toc"])
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, options_table())
     return markdown
+
+
+_TABLE = re.compile(r"<table>.*?</table>", re.S)
+
+
+def on_page_content(html_text: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
+    """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line."""
+    return _TABLE.sub(
+        lambda m: f'<div class="numbers">{m.group(0)}</div>' if "±" in m.group(0) else m.group(0),
+        html_text,
+    )
