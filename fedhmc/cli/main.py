@@ -31,7 +31,10 @@ def build_parser() -> argparse.ArgumentParser:
         dest="resume_dir",
         metavar="DIR",
         help="continue the stopped (or finished) run in DIR from its checkpoint, to its "
-        "--rounds or to a larger --rounds given here; the result equals an uninterrupted run",
+        "--rounds or to a larger --rounds given here. The run keeps its own --burn-in, the "
+        "number of rounds in DIR/config.json (by default 10%% of the first --rounds, not of "
+        "the new one), so the result equals an uninterrupted run with the new --rounds and "
+        "that --burn-in; an extension says so in one line",
     )
     p_run.add_argument("--quiet", action="store_true", help="no progress bar or final table")
     add_threads_option(p_run)

@@ -145,6 +145,6 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
     if isinstance(burn, int) and cfg.rounds <= burn and "burn_in" not in given:
         raise ConfigError(
             f"--rounds {cfg.rounds} ends within the run's burn-in of {burn} rounds (a resumed "
-            f"run keeps its burn-in); give --rounds above {burn}"
+            f"run keeps the burn-in in its config.json); give --rounds above {burn}"
         )
     return cfg

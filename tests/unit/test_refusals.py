@@ -71,3 +71,27 @@ def test_experiment_list_gives_every_preset_a_duration(cli):
     code, out, _ = cli("experiment", "--list")
     assert code == 0 and "fmnist-cnn" in out
     assert all("[default: " in line for line in out.splitlines())
+
+
+def test_an_extension_says_which_burn_in_it_keeps_and_equals_that_run(tmp_path, cli):
+    import csv
+
+    out, fresh = tmp_path / "r", tmp_path / "fresh"
+    base = ["run", "--local-steps", "1", "--quiet"]
+    assert cli(*base, "--rounds", "10", "--out", out)[0] == 0  # burn-in: 10 % of 10 = 1
+    code, _, err = cli("run", "--resume", out, "--quiet")  # finished: nothing to extend
+    assert code == 0 and "extending" not in err
+    code, _, err = cli("run", "--resume", out, "--rounds", "12", "--quiet")
+    assert code == 0
+    note = [line for line in err.splitlines() if "extending" in line]
+    assert len(note) == 1
+    assert "from 10 to 12 rounds" in note[0] and "burn-in of 1 round," in note[0]
+    assert "--rounds 12 --burn-in 1" in note[0]
+    # The note is true: the extension equals the uninterrupted run it names.
+    assert cli(*base, "--rounds", "12", "--burn-in", "1", "--out", fresh)[0] == 0
+
+    def table(run):
+        with open(run / "metrics.csv", newline="") as f:
+            return [(r["round"], r["samples"], r["nll_mean"]) for r in csv.DictReader(f)]
+
+    assert table(out) == table(fresh)
