@@ -93,11 +93,14 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
 
 
 _TABLE = re.compile(r"<table>.*?</table>", re.S)
+_SPREAD = re.compile(r"\d ± \d")
 
 
 def on_page_content(html_text: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
     """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line."""
     return _TABLE.sub(
-        lambda m: f'<div class="numbers">{m.group(0)}</div>' if "±" in m.group(0) else m.group(0),
+        lambda m: (
+            f'<div class="numbers">{m.group(0)}</div>' if _SPREAD.search(m.group(0)) else m.group(0)
+        ),
         html_text,
     )
