@@ -6,9 +6,9 @@ fields' metadata (``help``, ``choices``) and grouped under the section comments 
 body (``# Sampler``, ``# Run``, ...). The table is built from the code at every build, so it
 cannot drift from the options that exist.
 
-The tables that the paper experiments write (``results/paper-*/paper_*.md``) get the whole
-width of the window, and results tables whose cells hold a spread ("0.8436 ± 0.0007") keep
-each value on one line.
+The tables that the paper experiments write (``results/paper-*/paper_*.md``) and the
+benchmark reports get the whole width of the window, and results tables whose cells hold a
+spread ("0.8436 ± 0.0007") keep each value on one line.
 """
 
 from __future__ import annotations
@@ -79,9 +79,10 @@ def options_table() -> str:
     return "\n".join(lines) + "\n"
 
 
-# The tables that the paper experiments write as they are (`paper_*.md`): as wide as the
-# experiment makes them, so their pages give them the whole width of the window.
-_GENERATED_TABLE = re.compile(r"^results/paper-[^/]+/paper_[^/]+\.md$")
+# Pages written by programs, as they are: the tables of the paper experiments
+# (`paper_*.md`) and the benchmark reports. Their tables are as wide as the program makes
+# them, so these pages get the whole width of the window.
+_GENERATED_TABLE = re.compile(r"^results/(paper-[^/]+/paper_[^/]+|benchmarks/\d{8}T\d{6}Z)\.md$")
 
 
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
