@@ -12,6 +12,7 @@ every page with the standard library's HTML parser:
 
 from __future__ import annotations
 
+import os
 import posixpath
 import re
 import shutil
@@ -91,15 +92,9 @@ def _source_has_math(md: Path) -> bool:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    env_cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)]
-    proc = subprocess.run(
-        env_cmd,
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        env={**__import__("os").environ, "NO_MKDOCS_2_WARNING": "1"},
-        timeout=600,
-    )
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)]
+    env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     yield out
     shutil.rmtree(out, ignore_errors=True)
@@ -156,9 +151,7 @@ def test_pages_with_maths_carry_the_markup(pages, site):
     with_math = [md for md in _md_sources() if _source_has_math(md)]
     for name in ("algorithms.md", "samplers.md", "running.md", "results/paper-protocol.md"):
         assert DOCS / name in with_math, f"{name} has no maths"
-    missing = [
-        str(md.relative_to(DOCS)) for md in with_math if pages[_html_of(md, site)].math == 0
-    ]
+    missing = [str(md.relative_to(DOCS)) for md in with_math if pages[_html_of(md, site)].math == 0]
     assert not missing, f"pages whose maths did not reach arithmatex: {missing}"
     # KaTeX ships with the site and every page loads it from there (no CDN).
     for asset in ("katex.min.js", "katex.min.css", "contrib/auto-render.min.js"):
