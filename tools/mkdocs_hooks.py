@@ -17,11 +17,8 @@ import dataclasses
 import html
 import inspect
 import re
-import sys
-from pathlib import Path
 
 MARKER = "<!-- runconfig-options -->"
-_ROOT = Path(__file__).resolve().parent.parent
 
 
 def _sections(cls) -> dict[str, str]:
@@ -53,8 +50,6 @@ def _default(value) -> str:
 
 def options_table() -> str:
     """The Markdown of the options tables, one per section of ``RunConfig``."""
-    if str(_ROOT) not in sys.path:
-        sys.path.insert(0, str(_ROOT))
     from fedhmc.runtime.config import RunConfig
 
     sections = _sections(RunConfig)

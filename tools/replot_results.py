@@ -1,6 +1,6 @@
 """Redraw the committed results figures from the committed tables, without running anything.
 
-    python tools/replot_results.py            # every figure below
+    python tools/replot_results.py            # every figure below (fedhmc installed)
     python tools/replot_results.py paper-fmnist-K paper-blr-T
 
 Each figure is drawn by the experiment's own plotting function, from the files the
@@ -19,7 +19,6 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "docs" / "results"
-sys.path.insert(0, str(ROOT))
 
 
 def _paper_fmnist(name: str) -> list[Path]:
