@@ -595,11 +595,6 @@ class RunConfig:
                 N is None or S <= N,
                 f"--clients-per-round {S} is more than the {N} clients; give at most {N}",
             )
-            need(
-                self.backend == "engine",
-                "--clients-per-round runs on the engine for now (the Flower ServerApp sends "
-                "every round to every client); drop --backend flower",
-            )
         eb = self.ece_bins
         need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
         ce = self.checkpoint_every
