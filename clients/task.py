@@ -41,6 +41,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.num_clients,
         cfg.partition,
         cfg.dirichlet_alpha,
+        cfg.min_client_size,
         cfg.classes_per_client,
         cfg.dim,
         cfg.data_dir,

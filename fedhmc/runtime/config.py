@@ -142,6 +142,11 @@ class RunConfig:
         "given (a --dataset file's client_train; the default when it has one, else dirichlet)",
     )
     dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
+    min_client_size: int | None = _f(
+        None,
+        "dirichlet: the smallest client a split may have (default: 10 examples, at most half "
+        "the mean client size; 1 lets thousands of clients hold one to a few examples)",
+    )
     classes_per_client: int = _f(2, "classes per client for --partition shards")
     dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
     data_dir: str | None = _f(None, "directory holding the dataset files")
@@ -684,6 +689,10 @@ class RunConfig:
         need(
             self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
             f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",
+        )
+        need(
+            self.min_client_size is None or self.min_client_size >= 1,
+            f"--min-client-size must be ≥ 1 example, got {self.min_client_size}",
         )
         need(
             self.classes_per_client >= 1,

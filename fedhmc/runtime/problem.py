@@ -172,6 +172,7 @@ def load_client_data(cfg: RunConfig):
         cfg.partition,
         seed=cfg.seed,
         alpha=cfg.dirichlet_alpha,
+        min_size=cfg.min_client_size,
         classes_per_client=cfg.classes_per_client,
     )
     return data, parts
