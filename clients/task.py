@@ -41,6 +41,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.num_clients,
         cfg.partition,
         cfg.dirichlet_alpha,
+        cfg.min_client_size,
         cfg.classes_per_client,
         cfg.dim,
         cfg.data_dir,
@@ -164,12 +165,19 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
     ):
         target = colocated_target(cfg, num_total)
-        seeds = client_seeds(cfg.seed, target.num_clients)
+        ids = [int(c) for c in config.get("round-clients", [])] or list(
+            range(target.num_clients)
+        )
+        if len(ids) < target.num_clients:  # partial participation: the drawn clients only
+            target = target.subset(ids)
+        seeds = client_seeds(cfg.seed, ids)
         update = fahmc.client_update(message, target, settings, seeds)
-        last = (key, sent, update, getattr(target, "counts", None))
+        last = (key, sent, update, getattr(target, "counts", None), ids)
         _COLOCATED["round"] = last
-    _, _, update, counts = last
-    c = partition_id
+    _, _, update, counts, ids = last
+    if partition_id not in ids:
+        return None
+    c = ids.index(partition_id)
     return _reply(update, c, int(counts[c]) if counts is not None else 1)
 
 

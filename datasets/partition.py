@@ -157,7 +157,8 @@ def _dirichlet(
     raise DataError(
         f"dirichlet partition with alpha={alpha} could not give each of {n_clients} clients "
         f"min_size={min_size} examples in {MAX_DIRICHLET_TRIES} draws (best smallest client: "
-        f"{smallest}); use a larger alpha, fewer clients, or a smaller min_size"
+        f"{smallest}); use a larger alpha, fewer clients, or a smaller min_size "
+        "(--min-client-size)"
     )
 
 

@@ -68,6 +68,7 @@ def serve(
     import torch
 
     from fedhmc.algorithms.fahmc import ClientUpdate, stack_updates
+    from fedhmc.core import participation
     from fedhmc.core.aggregate import ReplyError, validate_reply
     from fedhmc.runtime import checkpoint, wire
     from fedhmc.runtime.engine import RoundStats, algorithm_of, prepare, run_loop
@@ -78,6 +79,12 @@ def serve(
     exchange = started.exchange
     sizes = started.sizes()
     num_total = sum(n for _, n in sizes.values())
+    # The clients' weights in partition order, as the engine's target holds them: under
+    # partial participation the round's clients are drawn from these.
+    by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])
+    client_weights = (
+        torch.tensor([sizes[nid][1] for nid in by_partition], dtype=torch.float64) / num_total
+    )
     algorithm, settings = algorithm_of(cfg)  # fahmc or debiased: the same interface
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
@@ -101,11 +108,14 @@ def serve(
 
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal failed_rounds, state
-        message = algorithm.broadcast(cfg.seed, state, settings)
+        message = algorithm.broadcast(cfg.seed, state, settings, client_weights)
         values, tensors = wire.encode_message(cfg, message, num_total)
         config = ConfigRecord(values)
         arrays = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
-        content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in sizes}
+        drawn = by_partition
+        if message.clients is not None:  # partial participation: only the drawn nodes
+            drawn = [by_partition[int(i)] for i in message.clients]
+        content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in drawn}
         bytes_down = sum(_record_bytes(c) for c in content.values())
         t0 = time.monotonic()
         ok, failed = exchange(
@@ -162,7 +172,7 @@ def serve(
             energy_errors.sort()
             stats.energy_error = sum(e for _, e in energy_errors) / len(energy_errors)
         if not accepted:
-            if nonfinite == len(sizes):  # every client diverged: that is the chain diverging
+            if nonfinite == len(drawn):  # every client diverged: that is the chain diverging
                 stats.finite = False
                 return theta_bar, stats
             failed_rounds += 1
@@ -175,8 +185,16 @@ def serve(
             return state.position, stats
         accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
         update = stack_updates([a[2] for a in accepted])
-        weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64)
-        state, _ = algorithm.server_update(state, update, weights, settings)
+        if message.clients is None:
+            weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64)
+            state, _ = algorithm.server_update(state, update, weights, settings)
+        else:  # the scheme's coefficients, rescaled over the drawn clients that replied
+            replied = {a[0] for a in accepted}
+            kept = torch.tensor([int(c) in replied for c in message.clients])
+            coefficients = participation.renormalized(message.coefficients, kept)
+            state, _ = algorithm.server_update(
+                state, update, coefficients, settings, exact=True
+            )
         return state.position, stats
 
     def get_state() -> dict:

@@ -35,8 +35,8 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.core import gradients, rng
-from fedhmc.core.aggregate import weighted_average
+from fedhmc.core import gradients, participation, rng
+from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
 
@@ -99,6 +99,11 @@ class Settings:
         steps, K rounds), each restarting from the origin X₀ broadcast at its start; X₀
         becomes the average at the end of the outer iteration (the authors' simulated-BLR
         code).
+    clients_per_round
+        S: the clients drawn in each round (None: every client).
+    participation
+        How the S clients are drawn and weighted: ``weighted``, ``uniform`` or
+        ``normalized`` (``fedhmc.core.participation``).
     """
 
     step_size: float
@@ -110,8 +115,14 @@ class Settings:
     sync_unit: str = "iteration"
     fresh_gradients: bool = False
     restart: bool = False
+    clients_per_round: int | None = None
+    participation: str = "normalized"
 
     def __post_init__(self):
+        if self.participation not in participation.SCHEMES:
+            raise ValueError(
+                f"participation must be one of {participation.SCHEMES}, got {self.participation!r}"
+            )
         if self.sync_unit not in SYNC_UNITS:
             raise ValueError(f"sync_unit must be one of {SYNC_UNITS}, got {self.sync_unit!r}")
         if self.restart and self.sync_unit != "leapfrog":
@@ -388,6 +399,10 @@ class Broadcast:
     anchor_round, anchor_position, anchor_grad
         Debiased FA-HMC from round 2 on: the round in which the anchor θ_a was sent, θ_a
         (S, D) and the global gradient ∇f(θ_a) (S, D); None otherwise.
+    clients, coefficients
+        Under partial participation: the drawn clients (M,) in increasing order (only they
+        are sent the message) and their coefficients in the average; None when every client
+        takes part.
     """
 
     round: int
@@ -398,6 +413,8 @@ class Broadcast:
     anchor_round: int | None = None
     anchor_position: torch.Tensor | None = None
     anchor_grad: torch.Tensor | None = None
+    clients: torch.Tensor | None = None
+    coefficients: torch.Tensor | None = None
 
 
 @dataclass(frozen=True)
@@ -522,15 +539,33 @@ def init(position: torch.Tensor, settings: Settings) -> State:
     return State(position, 0, None, position if settings.restart else None)
 
 
-def broadcast(key: int, state: State, settings: Settings) -> Broadcast:
-    """What the server sends in round ``state.round + 1`` of run ``key`` (the run seed)."""
+def broadcast(
+    key: int, state: State, settings: Settings, weights: torch.Tensor | None = None
+) -> Broadcast:
+    """What the server sends in round ``state.round + 1`` of run ``key`` (the run seed).
+
+    Under partial participation (``settings.clients_per_round``) it also draws the round's
+    clients from the clients' ``weights`` (N,) (w_c or n_c), with their coefficients; with
+    S = N and the ``uniform`` or ``normalized`` scheme every client takes part, as without.
+    """
     r = state.round + 1
+    clients = coefficients = None
+    S = settings.clients_per_round
+    if S is not None:
+        if weights is None:
+            raise ValueError("partial participation draws its clients from their weights")
+        full = S == int(weights.shape[0]) and settings.participation != "weighted"
+        if not full:
+            d = participation.draw(key, r, weights, S, settings.participation)
+            clients, coefficients = d.clients, d.coefficients
     return Broadcast(
         round=r,
         round_seed=round_seed(key, r),
         position=state.position,
         momentum=state.momentum if settings.starts_mid_trajectory(r) else None,
         origin=state.origin if settings.restart else None,
+        clients=clients,
+        coefficients=coefficients,
     )
 
 
@@ -590,16 +625,27 @@ def client_update(
 
 
 def server_update(
-    state: State, update: ClientUpdate, weights: torch.Tensor, settings: Settings
+    state: State,
+    update: ClientUpdate,
+    weights: torch.Tensor,
+    settings: Settings,
+    *,
+    exact: bool = False,
 ) -> tuple[State, Info]:
     """The server's side of a round: θ̄ = Σ_c w_c θ^(c) over the clients that replied
-    (``weights`` (M,), n_c or w_c, renormalised over them), the averaged momentum under
-    ``sync_unit="leapfrog"``, and the outer iteration's origin under ``restart``."""
+    (``weights`` (M,), n_c or w_c, renormalised over them; with ``exact``, the round's
+    coefficients as given, as partial participation fixes them), the momenta averaged the
+    same way under ``sync_unit="leapfrog"``, and the outer iteration's origin under
+    ``restart``."""
     r = state.round + 1
-    position = weighted_average(update.position, weights)
+
+    def average(x):
+        return combine(x, weights) if exact else weighted_average(x, weights)
+
+    position = average(update.position)
     momentum = None
     if settings.leapfrog_sync:
-        momentum = weighted_average(update.momentum, weights)
+        momentum = average(update.momentum)
     origin = position if settings.restart and settings.ends_trajectory(r) else state.origin
     info = Info(
         update.grad_evals,
@@ -620,7 +666,12 @@ def skip(state: State, settings: Settings) -> State:
 def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One communication round of FA-HMC, every client and chain batched: ``broadcast``,
     ``client_update`` of all N clients, ``server_update``. ``key`` is the run seed."""
-    message = broadcast(key, state, settings)
-    seeds = client_seeds(key, target.num_clients, state.position.device)
-    update = client_update(message, target, settings, seeds)
-    return server_update(state, update, target.weights, settings)
+    message = broadcast(key, state, settings, target.weights)
+    if message.clients is None:
+        seeds = client_seeds(key, target.num_clients, state.position.device)
+        update = client_update(message, target, settings, seeds)
+        return server_update(state, update, target.weights, settings)
+    # Partial participation: only the drawn clients compute (idle ones cost nothing).
+    seeds = client_seeds(key, message.clients, state.position.device)
+    update = client_update(message, target.subset(message.clients), settings, seeds)
+    return server_update(state, update, message.coefficients, settings, exact=True)

@@ -29,8 +29,13 @@ def weighted_average(positions: torch.Tensor, weights: torch.Tensor) -> torch.Te
     total = float(w.sum())
     if not total > 0.0:
         raise ValueError("weighted_average needs at least one positive weight")
-    w = (w / total).to(positions.dtype)
-    return torch.einsum("...nd,n->...d", positions, w)
+    return combine(positions, w / total)
+
+
+def combine(positions: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
+    """Σ_c a_c θ^(c) with the coefficients (N,) as given (not renormalised): the average of
+    a round whose scheme fixes its own coefficients (partial participation)."""
+    return torch.einsum("...nd,n->...d", positions, coefficients.to(positions.dtype))
 
 
 class ReplyError(ValueError):

@@ -18,6 +18,7 @@ STREAM_CHAIN = 6  # a chain's key (stale SG-MCMC, reference HMC)
 STREAM_INIT = 7  # the chains' initial positions
 STREAM_ANCHOR = 8  # the debiased variant's anchor gradients
 STREAM_RESHUFFLE = 9  # random-reshuffling permutations
+STREAM_PARTICIPATION = 10  # the clients drawn in a round (partial participation)
 
 # Stale-gradient SGHMC / SGLD (fedhmc.algorithms.stale) and its asynchronous version
 STREAM_STALE_NOISE = 21

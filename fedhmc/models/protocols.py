@@ -33,6 +33,11 @@ class Target(Protocol):
         """Client ``c`` alone: a one-client target that draws what client c draws here."""
         ...
 
+    def subset(self, clients) -> Target:
+        """The clients ``clients`` (ids) alone, in that order, each drawing what it draws
+        here (a round's drawn clients under partial participation)."""
+        ...
+
     def with_batch_size(self, batch_size: int) -> Target:
         """The same target at another minibatch size (0: full batch)."""
         ...

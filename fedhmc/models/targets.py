@@ -142,9 +142,14 @@ class DataTarget:
 
     def client(self, c: int) -> DataTarget:
         """The same target restricted to client ``c`` (keeps the global n)."""
+        return self.subset([c])
+
+    def subset(self, clients) -> DataTarget:
+        """The same target restricted to ``clients`` (ids, in the order given; keeps the
+        global n): what the drawn clients of a round compute, and nothing for the others."""
         return DataTarget(
             self.model,
-            [self._parts[c]],
+            [self._parts[int(c)] for c in clients],
             self.batch_size,
             self.prior_std,
             num_total=self.num_total,
@@ -359,14 +364,15 @@ class GaussianTarget:
         self._prec = (1.0 / self.variances).to(dtype).view(1, -1, 1)
 
     def client(self, c: int) -> GaussianTarget:
+        return self.subset([c])
+
+    def subset(self, clients) -> GaussianTarget:
+        """The clients ``clients`` (ids, in the order given), with their global weights."""
+        idx = torch.as_tensor([int(c) for c in clients], dtype=torch.int64, device=self.device)
         t = GaussianTarget(
-            self.means[c : c + 1],
-            self.variances[c : c + 1],
-            self.dim,
-            dtype=self.dtype,
-            device=self.device,
+            self.means[idx], self.variances[idx], self.dim, dtype=self.dtype, device=self.device
         )
-        t.weights = self.weights[c : c + 1]
+        t.weights = self.weights[idx]
         return t
 
     def prefetch(

@@ -18,6 +18,7 @@ import os
 import typing
 from dataclasses import dataclass, field, fields
 
+from fedhmc.core import PARTICIPATION_SCHEMES
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
 
@@ -141,6 +142,11 @@ class RunConfig:
         "given (a --dataset file's client_train; the default when it has one, else dirichlet)",
     )
     dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
+    min_client_size: int | None = _f(
+        None,
+        "dirichlet: the smallest client a split may have (default: 10 examples, at most half "
+        "the mean client size; 1 lets thousands of clients hold one to a few examples)",
+    )
     classes_per_client: int = _f(2, "classes per client for --partition shards")
     dim: int | None = _f(None, "dimension of synthetic targets (default per dataset)")
     data_dir: str | None = _f(None, "directory holding the dataset files")
@@ -224,6 +230,16 @@ class RunConfig:
     )
     anchor_batch_size: int = _f(
         0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
+    )
+    clients_per_round: int | None = _f(
+        None, "S: clients drawn each round, 1 … N (fahmc, fald; default: every client)"
+    )
+    participation: str | None = _f(
+        None,
+        "how the S clients are drawn and averaged: weighted (with replacement, probability "
+        "w_c, each draw 1/S), uniform (S distinct, coefficients (N/S) w_c) or normalized "
+        "(S distinct, w_c renormalised; default)",
+        choices=PARTICIPATION_SCHEMES,
     )
     staleness: int = _f(0, "sghmc/sgld: gradient staleness δ (steps)")
     staleness_dist: str = _f(
@@ -569,6 +585,21 @@ class RunConfig:
             not (self.restart_trajectories and self.sync_unit != "leapfrog"),
             "--restart-trajectories needs --sync-unit leapfrog",
         )
+        S = self.clients_per_round
+        if S is not None or self.participation is not None:
+            need(
+                self.algorithm in ("fahmc", "fald"),
+                "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
+                f"not {self.algorithm} (debiased FA-HMC needs every client's gradient at its "
+                "anchor)",
+            )
+        if S is not None:
+            N = self.num_clients
+            need(S >= 1, f"--clients-per-round must be ≥ 1, got {S}")
+            need(
+                N is None or S <= N,
+                f"--clients-per-round {S} is more than the {N} clients; give at most {N}",
+            )
         eb = self.ece_bins
         need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
         ce = self.checkpoint_every
@@ -658,6 +689,10 @@ class RunConfig:
         need(
             self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
             f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",
+        )
+        need(
+            self.min_client_size is None or self.min_client_size >= 1,
+            f"--min-client-size must be ≥ 1 example, got {self.min_client_size}",
         )
         need(
             self.classes_per_client >= 1,

@@ -49,6 +49,8 @@ def sampler_settings(cfg: RunConfig) -> fahmc.Settings:
         sync_unit=cfg.sync_unit or "iteration",
         fresh_gradients=bool(cfg.fresh_gradients),
         restart=bool(cfg.restart_trajectories),
+        clients_per_round=cfg.clients_per_round,
+        participation=cfg.participation or "normalized",
     )
 
 
@@ -660,8 +662,9 @@ def run(
     def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
         nonlocal state
         state, info = module.step(cfg.seed, state, target, settings)
-        down, up = bytes_per_round(cfg, problem.dim, r)
-        stats = RoundStats(info.grad_evals, info.finite, num_clients, 0, down, up)
+        clients = getattr(info, "clients", num_clients)  # drawn ones, under participation
+        down, up = bytes_per_round(cfg, problem.dim, r, clients)
+        stats = RoundStats(info.grad_evals, info.finite, clients, 0, down, up)
         stats.energy_error = getattr(info, "mean_energy_error", None)
         return state.position, stats
 

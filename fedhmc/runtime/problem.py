@@ -172,6 +172,7 @@ def load_client_data(cfg: RunConfig):
         cfg.partition,
         seed=cfg.seed,
         alpha=cfg.dirichlet_alpha,
+        min_size=cfg.min_client_size,
         classes_per_client=cfg.classes_per_client,
     )
     return data, parts
@@ -346,7 +347,9 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
     )
 
 
-def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int]:
+def bytes_per_round(
+    cfg: RunConfig, dim: int, round_: int = 2, clients: int | None = None
+) -> tuple[int, int]:
     """(down, up) bytes of arrays per round.
 
     Every client gets θ̄ and returns its position, (S, D) each. Debiased FA-HMC also sends
@@ -359,7 +362,8 @@ def bytes_per_round(cfg: RunConfig, dim: int, round_: int = 2) -> tuple[int, int
     if cfg.algorithm in STALE_ALGORITHMS:  # one process, no messages
         return 0, 0
     itemsize = 8 if cfg.dtype == "float64" else 4
-    per_array = cfg.num_clients * cfg.chains * dim * itemsize
+    clients = cfg.num_clients if clients is None else clients  # the round's, if drawn
+    per_array = clients * cfg.chains * dim * itemsize
     if cfg.algorithm == "fahmc-debiased":
         return (3 if round_ > 1 else 1) * per_array, 2 * per_array
     if cfg.sync_unit == "leapfrog":

@@ -81,6 +81,8 @@ def encode_message(cfg: RunConfig, message: fahmc.Broadcast, num_total: int) -> 
     config = encode_round(cfg, message.round, num_total, message.round_seed)
     if message.anchor_round is not None:
         config["anchor-round"] = int(message.anchor_round)
+    if message.clients is not None:  # partial participation: the round's drawn clients
+        config["round-clients"] = [int(c) for c in message.clients]
     arrays = {k: getattr(message, f) for k, f in ARRAYS.items() if getattr(message, f) is not None}
     return config, arrays
 

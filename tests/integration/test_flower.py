@@ -692,3 +692,40 @@ def _cmdline(pid: int) -> str:
             return f.read().replace(b"\0", b" ").decode(errors="replace")
     except OSError:
         return ""
+
+
+@pytest.mark.parametrize(
+    "scheme, extra",
+    [
+        ("weighted", {}),
+        ("uniform", {"partition": "dirichlet", "dirichlet_alpha": 0.5}),
+        (
+            "normalized",
+            {"protocol": "authors", "local_steps": 7, "leapfrog_steps": 5, "step_size": 1e-4},
+        ),
+    ],
+)
+def test_flower_draws_the_engines_clients_and_equals_it(tmp_path, scheme, extra):
+    """Partial participation on Flower: the ServerApp sends each round to the engine's drawn
+    clients only, and the co-located clients (the simulation's) give the engine's chain
+    bit for bit."""
+    cfg = small_cfg(
+        tmp_path, "e", rounds=4, clients_per_round=2, participation=scheme, rho=0.5, **extra
+    )
+    engine = run(cfg, progress=False)
+    flower, grid = run_grid(cfg.replace(out=str(tmp_path / "f")), colocated=True)
+    assert torch.equal(engine.theta_bar, flower.theta_bar)
+    from fedhmc.algorithms import fahmc
+    from fedhmc.runtime.engine import sampler_settings
+
+    full = cfg.resolve()
+    weights = build_problem(full).target.weights
+    state = fahmc.init(engine.theta_bar, sampler_settings(full))
+    for r in range(1, 5):
+        state = fahmc.State(state.position, r - 1)
+        drawn = fahmc.broadcast(full.seed, state, sampler_settings(full), weights).clients
+        sent = [
+            m for m in grid.sent
+            if m.metadata.message_type == "train" and int(m.content["config"]["round"]) == r
+        ]  # fmt: skip
+        assert len(sent) == len(drawn) == engine.history[r - 1]["clients"]
