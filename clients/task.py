@@ -165,9 +165,7 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
     ):
         target = colocated_target(cfg, num_total)
-        ids = [int(c) for c in config.get("round-clients", [])] or list(
-            range(target.num_clients)
-        )
+        ids = [int(c) for c in config.get("round-clients", [])] or list(range(target.num_clients))
         if len(ids) < target.num_clients:  # partial participation: the drawn clients only
             target = target.subset(ids)
         seeds = client_seeds(cfg.seed, ids)

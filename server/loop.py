@@ -192,9 +192,7 @@ def serve(
             replied = {a[0] for a in accepted}
             kept = torch.tensor([int(c) in replied for c in message.clients])
             coefficients = participation.renormalized(message.coefficients, kept)
-            state, _ = algorithm.server_update(
-                state, update, coefficients, settings, exact=True
-            )
+            state, _ = algorithm.server_update(state, update, coefficients, settings, exact=True)
         return state.position, stats
 
     def get_state() -> dict:
