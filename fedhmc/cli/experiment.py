@@ -37,6 +37,12 @@ def add_experiment_command(sub) -> None:
         default=1,
         help="paper-* experiments: cells run in this many processes at once (default: 1)",
     )
+    p.add_argument(
+        "--neighbour-eta",
+        action="store_true",
+        help="paper-fmnist-*: also run the best row of the authors' protocol at the next "
+        "smaller grid η, same seeds and rounds (η is tuned at fewer rounds than it runs)",
+    )
     p.add_argument("--list", action="store_true", help="list the experiments")
     p.add_argument(
         "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
@@ -73,6 +79,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             raise ConfigError("--quick and --full exclude each other; pick one")
         if "full" not in inspect.signature(fn).parameters:
             raise ConfigError(f"{args.name} has no --full budget; drop --full")
+    if args.neighbour_eta and "neighbour_eta" not in inspect.signature(fn).parameters:
+        raise ConfigError(f"{args.name} tunes no η per row; drop --neighbour-eta")
     if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
         raise ConfigError(
             f"--data-dir {args.data_dir}: no such folder; give the folder of the files"
@@ -93,6 +101,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
         kwargs["workers"] = args.workers
     if args.full:
         kwargs["full"] = True
+    if args.neighbour_eta:
+        kwargs["neighbour_eta"] = True
     summary = fn(out, **kwargs)
     rows = summary.get("rows", [])
     if rows and not args.quiet:

@@ -71,8 +71,24 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
 def _paper(name: str) -> Callable:
     """Figure ``name`` of fedhmc.experiments.paper_fmnist.FIGURES as an experiment."""
 
-    def fn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False, workers=1):
-        return paper_figure(name, out_dir, quick=quick, full=full, seed=seed, workers=workers)
+    def fn(
+        out_dir: Path,
+        *,
+        quick: bool = False,
+        seed: int = 0,
+        full: bool = False,
+        workers=1,
+        neighbour_eta: bool = False,
+    ):
+        return paper_figure(
+            name,
+            out_dir,
+            quick=quick,
+            full=full,
+            seed=seed,
+            workers=workers,
+            neighbour_eta=neighbour_eta,
+        )
 
     fn.__name__ = name.replace("-", "_")
     return fn

@@ -23,6 +23,13 @@ Stages run in this order, each cell in its own folder under ``cells/`` (run by
 fedhmc.sweep.cells, the one cell runner), resumed when it completed before: tune
 (authors), seeds (authors), tune (algorithm3), seeds (algorithm3). The tables are rewritten
 after every stage, so a stopped run leaves valid partial tables.
+
+η is tuned at ``tune_rounds`` and then run for ``rounds``, so the tuned η is the one the
+shorter budget prefers. ``neighbour_eta`` (``--neighbour-eta``) checks what the full budget
+prefers: after the authors' seeds it runs the best authors row (lowest mean NLL sum) again
+at the next smaller grid η, with the same seeds and rounds, in cells
+``authors_<axis>=<value>_eta=<η>_seed=<seed>``; the tables show that row beside the tuned
+one (marked †).
 """
 
 from __future__ import annotations
@@ -289,21 +296,24 @@ def paper_figure(
     seed: int = 0,
     workers: int = 1,
     protocols: tuple[str, ...] = PROTOCOL_ORDER,
+    neighbour_eta: bool = False,
 ) -> dict:
     """Run figure ``name`` of FIGURES under both protocols into ``out_dir``.
 
-    ``seed`` offsets the seeds (seed, seed + 1, …). Returns the summary (also written as
-    ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md`` and plots).
+    ``seed`` offsets the seeds (seed, seed + 1, …). With ``neighbour_eta`` the best authors
+    row is also run at the next smaller grid η (neighbour_cells). Returns the summary (also
+    written as ``<name>.json``, with ``<name>.csv``, ``<name>_curves.csv``, ``<name>.md``
+    and plots).
     """
     budget = "quick" if quick else "full" if full else "reduced"
     fig = budget_figure(FIGURES[name], budget)
     out_dir = Path(out_dir)
     (out_dir / "cells").mkdir(parents=True, exist_ok=True)
     with FolderLock(out_dir):
-        return _paper_figure(name, out_dir, fig, budget, seed, workers, protocols)
+        return _paper_figure(name, out_dir, fig, budget, seed, workers, protocols, neighbour_eta)
 
 
-def _paper_figure(name, out_dir, fig, budget, seed, workers, protocols) -> dict:
+def _paper_figure(name, out_dir, fig, budget, seed, workers, protocols, neighbour_eta) -> dict:
     t0 = time.perf_counter()
     for protocol in protocols:
         chosen: dict[int, dict] = {}
@@ -323,8 +333,122 @@ def _paper_figure(name, out_dir, fig, budget, seed, workers, protocols) -> dict:
         ]
         _run_missing(out_dir, runs, workers, f"{protocol}: seeds")
         summary = write_tables(name, out_dir, fig, budget, seed)
+        if neighbour_eta and protocol == "authors":
+            extra = neighbour_cells(fig, summary, seed)
+            _run_missing(out_dir, extra, workers, f"{protocol}: seeds at the neighbouring η")
+            summary = write_tables(name, out_dir, fig, budget, seed)
     summary["wall_s_this_call"] = time.perf_counter() - t0
     return summary
+
+
+def smaller_neighbour(grid: tuple[float, ...], eta: float) -> float | None:
+    """The next smaller η of ``grid`` than ``eta`` (None at the grid's bottom)."""
+    below = [e for e in grid if e < eta * (1 - 1e-9)]
+    return max(below) if below else None
+
+
+def _tuned(summary: dict, row: dict) -> bool:
+    """Whether a table row is at its setting's tuned η (not a neighbour_cells row)."""
+    axis = summary["figure"]["axis"]
+    sel = summary.get("tuning", {}).get(f"{row['protocol']} {axis}={row[axis]}")
+    return sel is None or row["eta"] == sel["eta"]
+
+
+def neighbour_cells(
+    fig: Figure, summary: dict, seed: int = 0, protocol: str = "authors"
+) -> list[tuple[str, dict]]:
+    """The cells that run the best ``protocol`` row of the tables ``summary`` (write_tables;
+    the lowest mean NLL sum among the tuned-η rows with every seed done) at the next
+    smaller grid η: the same seeds and rounds, cell ids
+    ``<protocol>_<axis>=<value>_eta=<η>_seed=<seed>``. Empty when no row has all its seeds,
+    or the tuned η is the grid's smallest."""
+    full = [
+        r
+        for r in summary["rows"]
+        if r["protocol"] == protocol
+        and r["seeds"] + r["diverged_seeds"] >= fig.seeds
+        and _tuned(summary, r)
+    ]
+    if not full:
+        return []
+    best = min(full, key=lambda r: r["nll_sum"])
+    eta = smaller_neighbour(fig.grid(protocol), best["eta"])
+    if eta is None:
+        return []
+    v = best[fig.axis]
+    return [
+        (
+            _cell_id(protocol, fig.axis, v, eta, seed + i),
+            cell_settings(fig, protocol, v, eta, seed + i, fig.rounds),
+        )
+        for i in range(fig.seeds)
+    ]
+
+
+def _seed_cells(out_dir: Path, fig: Figure, protocol: str, v: int, sel: dict, seed: int):
+    """(η, cell ids of the seeds) of each row of one setting: the tuned η's seed cells,
+    then those of any other grid η run at the full budget (neighbour_cells) found in
+    ``out_dir/cells``."""
+    yield sel["eta"], [_cell_id(protocol, fig.axis, v, None, seed + i) for i in range(fig.seeds)]
+    for eta in sorted(fig.grid(protocol), reverse=True):
+        if eta == sel["eta"]:
+            continue
+        cids = [_cell_id(protocol, fig.axis, v, eta, seed + i) for i in range(fig.seeds)]
+        if any((out_dir / "cells" / c).is_dir() for c in cids):
+            yield eta, cids
+
+
+def _row(out_dir, fig, protocol, v, eta, sel, cids, seed, curves) -> dict | None:
+    """The table row of one setting at one η from its seed cells ``cids`` (None when none
+    has completed); the tuned η's cells also add their curves to ``curves``."""
+    finals, by_seed, diverged = [], [], 0
+    for i, cid in enumerate(cids):
+        s = _read_cell(out_dir / "cells" / cid)
+        if s is not None and s.get("status") == "diverged":
+            diverged += 1  # a result: reported beside the mean of the others
+        if s is None or s.get("status") != "completed":
+            continue
+        finals.append(s["final"])
+        cur = _curve(out_dir / "cells" / cid)
+        by_seed.append(cur)
+        if eta != sel["eta"]:
+            continue  # curves and plots: the tuned η only
+        for r in cur:
+            curves.append(
+                {
+                    "protocol": protocol,
+                    fig.axis: v,
+                    "seed": seed + i,
+                    **{k: r[k] for k in ("round", "grad_evals", "samples", *METRICS) if k in r},
+                }
+            )
+    if not finals:
+        return None
+    K, T = fig.KT(v)
+    settings = cell_settings(fig, protocol, v, eta, seed, fig.rounds)
+    grid = fig.grid(protocol)
+    row = {
+        "protocol": protocol,
+        fig.axis: v,
+        "K": K,
+        "T": T,
+        "local_steps": settings["local-steps"],
+        "local_steps_unit": "leapfrog steps" if protocol == "authors" else "iterations",
+        "rounds": settings["rounds"],
+        "eta": eta,
+        "eta_at_grid_edge": sel["at_grid_edge"]
+        if eta == sel["eta"]
+        else eta in (max(grid), min(grid)),
+        "seeds": len(finals),
+        "diverged_seeds": diverged,
+        "grad_evals": by_seed[0][-1]["grad_evals"],
+    }
+    for m in METRICS:
+        mean, sd = mean_std([f[m] for f in finals])
+        row[m] = mean
+        row[f"{m}_sd"] = sd
+    row["ece_bins"] = int(by_seed[0][-1].get("ece_bins", 15))
+    return row
 
 
 def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int = 0) -> dict:
@@ -334,54 +458,10 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
         for v in fig.values:
             sel = select_eta(out_dir, fig, protocol, v)
             tuning[f"{protocol} {fig.axis}={v}"] = sel
-            finals, by_seed, diverged = [], [], 0
-            for i in range(fig.seeds):
-                cid = _cell_id(protocol, fig.axis, v, None, seed + i)
-                s = _read_cell(out_dir / "cells" / cid)
-                if s is not None and s.get("status") == "diverged":
-                    diverged += 1  # a result: reported beside the mean of the others
-                if s is None or s.get("status") != "completed":
-                    continue
-                finals.append(s["final"])
-                cur = _curve(out_dir / "cells" / cid)
-                by_seed.append(cur)
-                for r in cur:
-                    curves.append(
-                        {
-                            "protocol": protocol,
-                            fig.axis: v,
-                            "seed": seed + i,
-                            **{
-                                k: r[k]
-                                for k in ("round", "grad_evals", "samples", *METRICS)
-                                if k in r
-                            },
-                        }
-                    )
-            if not finals:
-                continue
-            K, T = fig.KT(v)
-            settings = cell_settings(fig, protocol, v, sel["eta"], seed, fig.rounds)
-            row = {
-                "protocol": protocol,
-                fig.axis: v,
-                "K": K,
-                "T": T,
-                "local_steps": settings["local-steps"],
-                "local_steps_unit": "leapfrog steps" if protocol == "authors" else "iterations",
-                "rounds": settings["rounds"],
-                "eta": sel["eta"],
-                "eta_at_grid_edge": sel["at_grid_edge"],
-                "seeds": len(finals),
-                "diverged_seeds": diverged,
-                "grad_evals": by_seed[0][-1]["grad_evals"],
-            }
-            for m in METRICS:
-                mean, sd = mean_std([f[m] for f in finals])
-                row[m] = mean
-                row[f"{m}_sd"] = sd
-            row["ece_bins"] = int(by_seed[0][-1].get("ece_bins", 15))
-            rows.append(row)
+            for eta, cids in _seed_cells(out_dir, fig, protocol, v, sel, seed):
+                row = _row(out_dir, fig, protocol, v, eta, sel, cids, seed, curves)
+                if row is not None:
+                    rows.append(row)
     stem = name.replace("-", "_")
     summary = {
         "experiment": name,
@@ -433,8 +513,12 @@ def markdown_table(summary: dict) -> str:
         "ECE (bins) | NLL sum |",
         "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
+    neighbours = False
     for r in summary["rows"]:
         edge = "*" if r["eta_at_grid_edge"] else ""
+        if not _tuned(summary, r):
+            edge += "†"
+            neighbours = True
         seeds = str(r["seeds"])
         if r.get("diverged_seeds"):
             seeds += f" (+{r['diverged_seeds']} diverged)"
@@ -461,6 +545,13 @@ def markdown_table(summary: dict) -> str:
     lines.append("")
     if any(r["eta_at_grid_edge"] for r in summary["rows"]):
         lines += ["\\* the chosen η is at the edge of the grid tried.", ""]
+    if neighbours:
+        lines += [
+            "† not the tuned η: the next smaller grid η, run for the best row at the full "
+            "budget with the same seeds (--neighbour-eta), to see which η the "
+            f"{summary['figure']['rounds']} rounds prefer.",
+            "",
+        ]
     if any(r.get("diverged_seeds") for r in summary["rows"]):
         lines += ["Diverged seeds are left out of the means and counted apart.", ""]
     return "\n".join(lines)

@@ -374,3 +374,35 @@ def test_every_engine_experiment_runs_its_cells_through_sweep_cells():
         assert "cells._" not in text, path
         if path.parent.name == "experiments":
             assert "resume_or_replace" not in text and "engine import run" not in text, path
+
+
+def test_paper_figure_neighbour_eta_runs_the_best_row_at_the_smaller_eta(tmp_path, monkeypatch):
+    from fedhmc.experiments import paper_fmnist as paper
+
+    quick = paper.budget_figure(paper.FIGURES["paper-fmnist-K"], "quick")
+    fig = paper.replace(quick, values=quick.values[:1], grid_authors=(1e-2, 1e-3, 1e-4))
+    monkeypatch.setattr(paper, "budget_figure", lambda f, b: fig)
+    out = tmp_path / "p"
+    summary = paper.paper_figure(
+        "paper-fmnist-K", out, quick=True, protocols=("authors",), neighbour_eta=True
+    )
+    rows = [r for r in summary["rows"] if r["protocol"] == "authors"]
+    tuned = summary["tuning"]["authors K=1"]["eta"]
+    eta = paper.smaller_neighbour(fig.grid_authors, tuned)
+    assert eta is not None and eta < tuned
+    # Both rows of the setting, the tuned one first; the other from its own seed cells.
+    assert [r["eta"] for r in rows] == [tuned, eta]
+    finals = []
+    for s in range(fig.seeds):
+        d = out / "cells" / f"authors_K=1_eta={eta:g}_seed={s}"
+        config = json.loads((d / "config.json").read_text())
+        assert (config["step_size"], config["seed"], config["rounds"]) == (eta, s, fig.rounds)
+        finals.append(json.loads((d / "summary.json").read_text())["final"]["nll_sum"])
+    assert rows[1]["seeds"] == fig.seeds
+    assert rows[1]["nll_sum"] == pytest.approx(sum(finals) / len(finals))
+    assert "†" in (out / "paper_fmnist_K.md").read_text()
+    # Resume: nothing runs again; without the option the table still shows both rows.
+    before = {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("metrics.csv")}
+    again = paper.paper_figure("paper-fmnist-K", out, quick=True, protocols=("authors",))
+    assert before == {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("metrics.csv")}
+    assert [r["eta"] for r in again["rows"] if r["protocol"] == "authors"] == [tuned, eta]
