@@ -39,6 +39,7 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--resume DIR continues the run in DIR and --overwrite replaces it; pick one"
             )
         cfg = resume_config(args.resume_dir, given)
+        cfg.resolve()  # refusals (another data file, data given in memory) come first
         _note_extension(args.resume_dir, cfg)
     else:
         cfg = config_from_args(args)
