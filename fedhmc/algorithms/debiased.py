@@ -99,8 +99,12 @@ def init(position: torch.Tensor, settings: Settings) -> State:
     return State(position, 0)
 
 
-def broadcast(key: int, state: State, settings: Settings) -> Broadcast:
-    """FA-HMC's message plus the anchor θ_a and ∇f(θ_a) from round 2 on."""
+def broadcast(
+    key: int, state: State, settings: Settings, weights: torch.Tensor | None = None
+) -> Broadcast:
+    """FA-HMC's message plus the anchor θ_a and ∇f(θ_a) from round 2 on. Every client
+    takes part in every round (the anchor needs every client's gradient), so ``weights``,
+    which FA-HMC's ``broadcast`` draws a round's clients from, is not used."""
     r = state.round + 1
     return Broadcast(
         round=r,
@@ -169,7 +173,7 @@ def skip(state: State, settings: Settings) -> State:
 def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One round of debiased FA-HMC, every client and chain batched (``key``: the run
     seed)."""
-    message = broadcast(key, state, settings)
+    message = broadcast(key, state, settings, target.weights)
     seeds = fahmc.client_seeds(key, target.num_clients, state.position.device)
     update = client_update(message, target, settings, seeds, anchor_local=state.anchor_local)
     return server_update(state, update, target.weights, settings)
