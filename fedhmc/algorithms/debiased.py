@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import Broadcast, ClientUpdate, Info
+from fedhmc.algorithms.fahmc import Broadcast, ClientUpdate, Info, skip
 from fedhmc.core import rng
 from fedhmc.core.aggregate import weighted_average
 
@@ -162,12 +162,6 @@ def server_update(
         anchor_grad=weighted_average(update.local_grad, weights),
         anchor_local=update.local_grad,
     ), info
-
-
-def skip(state: State, settings: Settings) -> State:
-    """A round in which no client's update arrived: θ̄ and the anchor stay, the round
-    counter moves on."""
-    return dataclasses.replace(state, round=state.round + 1)
 
 
 def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:

@@ -446,22 +446,6 @@ class ClientUpdate:
     momentum: torch.Tensor | None = None
     local_grad: torch.Tensor | None = None
 
-    def client(self, c: int) -> ClientUpdate:
-        """Client ``c``'s own update (M = 1), as it would compute it alone."""
-
-        def one(x):
-            return None if x is None else x[:, c : c + 1]
-
-        M = self.position.shape[1]
-        return ClientUpdate(
-            one(self.position),
-            one(self.energy),
-            one(self.energy_error),
-            self.grad_evals // max(M, 1),
-            one(self.momentum),
-            one(self.local_grad),
-        )
-
 
 def stack_updates(updates: list[ClientUpdate]) -> ClientUpdate:
     """Single clients' updates (M = 1 each) stacked in the order given, as the batched
@@ -657,9 +641,9 @@ def server_update(
     return State(position, r, momentum, origin), info
 
 
-def skip(state: State, settings: Settings) -> State:
+def skip(state, settings) -> State:
     """A round in which no client's update arrived: θ̄ and what it carries stay, and the
-    round counter moves on."""
+    round counter moves on (any federated State with a ``round``: FA-HMC's, debiased's)."""
     return dataclasses.replace(state, round=state.round + 1)
 
 

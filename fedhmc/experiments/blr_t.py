@@ -26,6 +26,12 @@ from fedhmc.runtime.output import write_text_atomic
 from fedhmc.viz.plots import new_figure
 
 
+def _settings_record(budget, dim: int, K: int, eta: float, noise: float, chains: int) -> dict:
+    """The simulated-BLR settings both BLR-T summaries record (20 clients)."""
+    return {"budget": budget, "dim": dim, "clients": 20, "K": K, "step_size": eta,
+            "grad_noise": noise, "chains": chains}  # fmt: skip
+
+
 def rounds_to_reach(curve: list[tuple[int, float]], eps: float) -> int | None:
     """The first round of ``curve`` ((round, value) pairs, rounds ascending) whose value
     is ≤ ``eps``; None if never."""
@@ -167,13 +173,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     summary = {
         "experiment": "blr-T",
         "protocol": ALGORITHM3,
-        "budget": budget,
-        "dim": dim,
-        "clients": 20,
-        "K": K,
-        "step_size": eta,
-        "grad_noise": noise,
-        "chains": chains,
+        **_settings_record(budget, dim, K, eta, noise, chains),
         "epsilons": epsilons,
         "epsilon_rule": "1.02, 1.05, 1.1 and 1.25 × the lowest ME reached by any T",
         "reference": ref_info,
@@ -376,13 +376,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         write_text_atomic(parity_file, json.dumps(parity, indent=1))
     summary = {
         "experiment": "paper-blr-T",
-        "budget": budget,
-        "dim": dim,
-        "clients": 20,
-        "K": K,
-        "step_size": eta,
-        "grad_noise": noise,
-        "chains": chains,
+        **_settings_record(budget, dim, K, eta, noise, chains),
         "epsilons": eps_by,
         "epsilon_rule": "1.25, 1.5, 2 and 3 × the lowest ME any run reached (either protocol)",
         "rounds": "authors: outer iterations (one sample each) and all-reduces = K × outer "

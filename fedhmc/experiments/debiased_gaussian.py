@@ -23,7 +23,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     coordinates and further rounds: the estimate of the stationary mean. Its bias against
     the posterior mean is reported with a Monte Carlo standard error (from the spread of
     per-chain time averages), next to the exact stationary bias from
-    :func:`fedhmc.models.targets.fahmc_gaussian_stationary`.
+    ``fedhmc.analysis.gaussian.fahmc_gaussian_stationary``.
     """
     from fedhmc.algorithms import debiased, fahmc
     from fedhmc.analysis.gaussian import fahmc_gaussian_stationary

@@ -19,7 +19,7 @@ from fedhmc.analysis.metrics import gaussian_w2_sq
 
 def w2_to(snapshots: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor) -> list[float]:
     """W₂ between the Gaussian fit of each snapshot's R chains and N(mean, cov); snapshots
-    (C, R, d), batched through :func:`fedhmc.analysis.metrics.gaussian_w2_sq`.
+    (C, R, d), batched through ``fedhmc.analysis.metrics.gaussian_w2_sq``.
 
     The Gaussian fit (Gelbrich) is exact when the chains' law is Gaussian and a lower bound
     on W₂ otherwise; delayed SGLD on this quadratic U is Gaussian up to the minibatch noise.

@@ -17,7 +17,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
 
     The heterogeneous Gaussian with 10 clients, K = 5, T = 10, η = 0.02 / d^{1/4}, ρ = 1,
     every chain started at θ̄_0 = 0. FA-HMC is linear-Gaussian here, so the law of θ̄_r is
-    known exactly round by round (:func:`fedhmc.models.targets.fahmc_gaussian_transient`) and
+    known exactly round by round (``fedhmc.analysis.gaussian.fahmc_gaussian_transient``) and
     W₂²(θ̄_r, posterior) = d ((m_r − m)² + (√v_r − √v)²) has no Monte Carlo error: the
     rounds needed are exact for every d. As a check that the sampler follows this law, it is
     also run with many chains at the smaller d, and its per-round mean and variance are
