@@ -34,6 +34,19 @@ class Shape:
     posteriors_target: float | None = None
 
 
+def quiet_env() -> None:
+    """Flower and Ray without telemetry, update checks or dependency installs."""
+    import os
+
+    for k, v in (
+        ("FLWR_TELEMETRY_ENABLED", "0"),
+        ("FLWR_DISABLE_UPDATE_CHECK", "1"),
+        ("RAY_USAGE_STATS_ENABLED", "0"),
+        ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
+    ):
+        os.environ.setdefault(k, v)
+
+
 def fmnist_available() -> bool:
     return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
 

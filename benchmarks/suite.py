@@ -33,6 +33,7 @@ Usage::
                                            # (comma-separated)
     python -m benchmarks --only deploy     # a loopback deployment against Flower's floor
     python -m benchmarks --only models     # the generic nn.Module path (benchmarks.models)
+    python -m benchmarks --only scale      # 10,000 clients, S = 100 a round (benchmarks.scale)
     python -m benchmarks --only models --device cuda   # the same on a GPU
     python -m benchmarks --smoke           # tiny sizes, seconds, no targets (what CI runs)
 """
@@ -60,6 +61,7 @@ from benchmarks.common import (
     fmnist_available,
     interleaved,
     posteriors_fn,
+    quiet_env,
     shape_config,
 )
 from fedhmc.algorithms import fahmc
@@ -83,8 +85,10 @@ GROUPS = (
     "paper",
     "deploy",
     "models",
+    "scale",
 )
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g != "deploy")  # deploy: --only deploy
+# deploy and scale (minutes each, a Flower run in both): only with --only.
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("deploy", "scale"))
 
 
 SHAPES = (
@@ -259,16 +263,6 @@ def _bench_shape(shape, target, cfg, T, K, rounds, repeats, with_posteriors) -> 
 # Whole runs: Flower against the engine, memory at 1,000 clients, evaluation share.
 
 
-def _quiet_env() -> None:
-    for k, v in (
-        ("FLWR_TELEMETRY_ENABLED", "0"),
-        ("FLWR_DISABLE_UPDATE_CHECK", "1"),
-        ("RAY_USAGE_STATS_ENABLED", "0"),
-        ("FLWR_DISABLE_RUNTIME_DEPENDENCY_INSTALLATION", "1"),
-    ):
-        os.environ.setdefault(k, v)
-
-
 def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") -> dict:
     """Wall time of the same run through the engine and through Flower's simulation.
 
@@ -276,7 +270,7 @@ def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") ->
     last round's end, evaluation included, in both backends); Flower's start-up (Ray,
     SuperNodes, app loading) is its total wall time minus that.
     """
-    _quiet_env()
+    quiet_env()
     from fedhmc.runtime.engine import run
 
     try:
@@ -464,6 +458,11 @@ def targets(results: dict) -> list[dict]:
                 f">= {shape.posteriors_target:g}",
                 row["engine/posteriors"] >= shape.posteriors_target,
             )
+    if results.get("scale"):
+        from benchmarks.scale import targets as scale_targets
+
+        for name, value, bound, ok in scale_targets(results["scale"]):
+            add(name, value, bound, ok)
     if results.get("models"):
         from benchmarks.models import targets as model_targets
 
@@ -602,6 +601,10 @@ def render(results: dict) -> str:
         from benchmarks.models import render as render_models
 
         lines += ["", render_models(results["models"]).rstrip()]
+    if results.get("scale"):
+        from benchmarks.scale import render as render_scale
+
+        lines += ["", render_scale(results["scale"]).rstrip()]
     if results.get("deploy"):
         from benchmarks.deploy import render as render_deploy
 
@@ -644,6 +647,7 @@ def _count_stages(groups: set[str]) -> int:
     """About how many stages a run of ``groups`` has (the progress bar's total)."""
     n = sum(1 for s in SHAPES if s.key in groups)
     n += sum(1 for g in ("threads", "eval", "flower", "deploy", "memory") if g in groups)
+    n += 3 if "scale" in groups else 0
     n += 2 if "paper" in groups else 0
     if "models" in groups:
         from benchmarks.models import GENERIC_SHAPES
@@ -778,6 +782,10 @@ def main(argv=None) -> int:
         results["models"] = bench_models(
             smoke=args.smoke, repeats=args.repeats, device=args.device, stage=stages.next
         )
+    if "scale" in groups:
+        from benchmarks.scale import bench_scale
+
+        results["scale"] = bench_scale(smoke=args.smoke, stage=stages.next)
     if "memory" in groups:
         stages.next("memory")
         n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)

@@ -43,8 +43,13 @@ def compute(
     seed = node_config.get("private-seed")
     if kind == "query":
         if run_config.get(COLOCATED_KEY):
-            colocated_target(cfg)  # loaded now, with the start-up, not in round 1
-        return {}, {"num-examples": num_examples(cfg, pid), "partition-id": pid}
+            # Loaded now, with the start-up, not in round 1; it knows every client's size
+            # (a simulation of thousands of clients must not load a partition per client).
+            counts = getattr(colocated_target(cfg), "counts", None)
+            n_c = 1 if counts is None else int(counts[pid])
+        else:
+            n_c = num_examples(cfg, pid)
+        return {}, {"num-examples": n_c, "partition-id": pid}
     if kind == "grad":
         grad, n_c = async_gradient(cfg, pid, arrays["theta"], config, seed)
         return {"grad": grad}, {"num-examples": n_c, "partition-id": pid}

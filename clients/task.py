@@ -43,6 +43,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.dirichlet_alpha,
         cfg.min_client_size,
         cfg.classes_per_client,
+        cfg.quantity_sigma,
         cfg.dim,
         cfg.data_dir,
         cfg.scaling,

@@ -23,6 +23,7 @@ from fedhmc.experiments.fmnist_t import fmnist_t
 from fedhmc.experiments.gaussian_dim import gaussian_dim
 from fedhmc.experiments.kmnist import kmnist
 from fedhmc.experiments.paper_fmnist import paper_figure
+from fedhmc.experiments.participation import participation
 from fedhmc.experiments.stale_gaussian import stale_gaussian
 from fedhmc.experiments.stale_variance import stale_variance
 
@@ -60,6 +61,11 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
     "stale-gaussian": (
         stale_gaussian,
         "Chen et al. §5.1: MSE of stale SGHMC against staleness δ at L = L₀·δ",
+    ),
+    "participation": (
+        participation,
+        "partial participation: S clients a round under 3 schemes, FA-HMC against FA-LD on "
+        "Fashion-MNIST at a fixed budget of client-rounds; the Gaussian's bias against S",
     ),
     "stale-variance": (
         stale_variance,
@@ -143,6 +149,7 @@ DURATIONS: dict[str, tuple[str, str | None]] = {
     "kmnist": ("not measured", "not measured"),
     "cifar2": ("not measured", "not measured"),
     "stale-gaussian": ("15 s", None),
+    "participation": ("not measured", "not measured"),
     "stale-variance": ("2 min", None),
     "paper-fmnist-K": ("not measured", "4-5 h with --workers 2"),
     "paper-fmnist-T": ("not measured", "3 h with --workers 2"),

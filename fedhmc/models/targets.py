@@ -90,28 +90,50 @@ class DataTarget:
         self.num_total = int(num_total if num_total is not None else sum(counts))
         self.num_clients = len(parts)
         self.weights = self.counts.to(torch.float64) / self.num_total
-        n_max = max(counts)
-        feats = [model.prepare(X.to(dtype)) for X, _ in parts]
-        # Features keep their shape (F,) or (C, H, W), …: the model sees what the data holds.
-        self.feature_shape = tuple(feats[0].shape[1:])
+        self._n_max = max(counts)
+        # The features keep their shape (F,) or (C, H, W), …: the model sees what the data
+        # holds. The padded (N, n_max, …) tensors are built on first use (``X``, ``y``): a
+        # target whose rounds only ever use subsets of its clients never holds them.
+        self.feature_shape = tuple(model.prepare(parts[0][0][:1].to(dtype)).shape[1:])
         self._feature_size = math.prod(self.feature_shape)
-        X = torch.zeros(self.num_clients, n_max, *self.feature_shape, dtype=dtype)
-        y = torch.zeros(self.num_clients, n_max, dtype=torch.int64)
-        for c, (Xc, (_, yc)) in enumerate(zip(feats, parts, strict=True)):
-            X[c, : Xc.shape[0]] = Xc
-            y[c, : yc.shape[0]] = yc.to(torch.int64)
-        self.X, self.y = X.to(self.device), y.to(self.device)
         self._parts = parts
-        valid = torch.arange(n_max, device=self.device) < self.counts.unsqueeze(1)
-        self._valid = valid
+        self._store: dict = {}  # shared with with_batch_size's copies
+        n_rows = torch.arange(self._n_max, device=self.device)
+        self._valid = n_rows < self.counts.unsqueeze(1)
         # Client c's rows start at c · n_max in the flattened (N · n_max, F) data.
         self._row_offsets = (
-            torch.arange(self.num_clients, device=self.device).view(1, -1, 1) * n_max
+            torch.arange(self.num_clients, device=self.device).view(1, -1, 1) * self._n_max
         )
         self._set_batch(self.batch_size)
 
+    @property
+    def max_client_size(self) -> int:
+        """n_max, the largest client's number of examples."""
+        return self._n_max
+
+    @property
+    def X(self) -> torch.Tensor:
+        """Every client's features, padded with zeros to n_max rows: (N, n_max, *features)."""
+        return self._pad()[0]
+
+    @property
+    def y(self) -> torch.Tensor:
+        """Every client's labels, padded with zeros to n_max: (N, n_max), int64."""
+        return self._pad()[1]
+
+    def _pad(self) -> tuple[torch.Tensor, torch.Tensor]:
+        padded = self._store.get("padded")
+        if padded is None:
+            X = torch.zeros(self.num_clients, self._n_max, *self.feature_shape, dtype=self.dtype)
+            y = torch.zeros(self.num_clients, self._n_max, dtype=torch.int64)
+            for c, (Xc, yc) in enumerate(self._parts):
+                X[c, : yc.shape[0]] = self.model.prepare(Xc.to(self.dtype))
+                y[c, : yc.shape[0]] = yc.to(torch.int64)
+            padded = self._store["padded"] = (X.to(self.device), y.to(self.device))
+        return padded
+
     def _set_batch(self, batch_size: int) -> None:
-        dtype, n_max = self.dtype, self.X.shape[1]
+        dtype, n_max = self.dtype, self._n_max
         self.batch_size = int(batch_size)
         self._plan = None
         full = self.batch_size <= 0 or self.batch_size >= n_max
@@ -180,10 +202,10 @@ class DataTarget:
             and start + count <= plan[1] + plan[2].shape[0]
         ):
             return
-        per_eval = keys.numel() * self.X.shape[1]
+        per_eval = keys.numel() * self._n_max
         if horizon is not None and horizon > count:
             count = max(count, min(horizon, PREFETCH_MAX_VALUES // max(per_eval, 1)))
-        u = rng.uniform_block(keys, start, count, self.X.shape[1])  # (S, N, count, n_max)
+        u = rng.uniform_block(keys, start, count, self._n_max)  # (S, N, count, n_max)
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)
         # The B_c smallest uniforms of client c: a uniformly random subset of its points.
         idx = torch.topk(u, self._b_max, dim=-1, largest=False, sorted=self._ragged).indices
@@ -193,8 +215,8 @@ class DataTarget:
         # Where the drawn minibatches are small, gather all their rows now: one index_select
         # per round instead of two per evaluation (the same rows).
         rows = None
-        if flat.numel() * self._feature_size * self.X.element_size() <= PREFETCH_MAX_GATHER_BYTES:
-            n_all = self.num_clients * self.X.shape[1]
+        if flat.numel() * self._feature_size * self.dtype.itemsize <= PREFETCH_MAX_GATHER_BYTES:
+            n_all = self.num_clients * self._n_max
             Xg = torch.index_select(self.X.view(n_all, self._feature_size), 0, flat.view(-1))
             yg = torch.index_select(self.y.view(-1), 0, flat.view(-1))
             rows = (Xg.view(*flat.shape, *self.feature_shape), yg.view(flat.shape))
@@ -230,14 +252,14 @@ class DataTarget:
         passes = (index // per_pass).view(1, -1).expand(keys.shape)  # (S, N)
         cached = self._perm
         if cached is None or not torch.equal(cached[0], keys) or not torch.equal(cached[1], passes):
-            u = rng.uniform(rng.derive(keys, passes), 0, self.X.shape[1])  # (S, N, n_max)
+            u = rng.uniform(rng.derive(keys, passes), 0, self._n_max)  # (S, N, n_max)
             u.masked_fill_(~self._valid.unsqueeze(0), 2.0)
             self._perm = cached = (keys.clone(), passes.clone(), torch.argsort(u, dim=-1))
         j = index % per_pass  # (N,)
         start = j * b_c
         size = torch.minimum(b_c, self.counts - start)  # the last batch may be smaller
         slot = torch.arange(B, device=self.device)
-        pos = (start.view(-1, 1) + slot).clamp_(max=self.X.shape[1] - 1)  # (N, B)
+        pos = (start.view(-1, 1) + slot).clamp_(max=self._n_max - 1)  # (N, B)
         idx = cached[2].gather(-1, pos.unsqueeze(0).expand(keys.shape[0], -1, -1))
         valid = slot < size.view(-1, 1)
         scale = (self.num_total / size.to(torch.float64)).to(self.dtype)
@@ -264,7 +286,7 @@ class DataTarget:
             flat = flat.view(-1)
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (measured by python -m benchmarks).
-        n_max = self.X.shape[1]
+        n_max = self._n_max
         B = sw.shape[-1]
         bufs = self._buffers.get((S, B))
         if bufs is None:

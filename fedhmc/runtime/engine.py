@@ -602,10 +602,11 @@ def _gradient_work(problem: Problem, cfg: RunConfig) -> int:
     """Multiply-adds of one batched gradient evaluation of ``problem``, roughly."""
     target = problem.target
     batch = int(getattr(target, "batch_size", 1) or 0)
-    X = getattr(target, "X", None)
-    if X is not None and (batch <= 0 or batch > X.shape[1]):
-        batch = int(X.shape[1])
-    return gradient_work(target.num_clients, cfg.chains, batch, problem.dim)
+    n_max = getattr(target, "max_client_size", None)  # not target.X: it may never be built
+    if n_max is not None and (batch <= 0 or batch > n_max):
+        batch = int(n_max)
+    clients = min(target.num_clients, cfg.clients_per_round or target.num_clients)
+    return gradient_work(clients, cfg.chains, batch, problem.dim)
 
 
 def run(

@@ -174,6 +174,7 @@ def load_client_data(cfg: RunConfig):
         alpha=cfg.dirichlet_alpha,
         min_size=cfg.min_client_size,
         classes_per_client=cfg.classes_per_client,
+        sigma=cfg.quantity_sigma,
     )
     return data, parts
 

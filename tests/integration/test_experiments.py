@@ -406,3 +406,35 @@ def test_paper_figure_neighbour_eta_runs_the_best_row_at_the_smaller_eta(tmp_pat
     again = paper.paper_figure("paper-fmnist-K", out, quick=True, protocols=("authors",))
     assert before == {p: p.stat().st_mtime_ns for p in (out / "cells").rglob("metrics.csv")}
     assert [r["eta"] for r in again["rows"] if r["protocol"] == "authors"] == [tuned, eta]
+
+
+@pytest.mark.slow  # an experiment preset end to end
+def test_participation_quick_writes_both_parts_and_resumes(tmp_path):
+    from fedhmc.experiments.participation import BUDGETS, replot
+    from fedhmc.sweep.table import read_csv
+
+    out = tmp_path / "p"
+    assert main(["experiment", "participation", "--quick", "--out", str(out)]) == 0
+    _, N, Ss, client_rounds, _ = BUDGETS["quick"]
+    rows = read_csv(out / "participation.csv")
+    for algorithm in ("fahmc", "fald"):
+        mine = [r for r in rows if r["algorithm"] == algorithm]
+        assert {(r["S"], r["participation"]) for r in mine} == {
+            (S, p) for S in Ss for p in ("weighted", "uniform", "normalized")
+        }
+        for r in mine:
+            assert r["rounds"] == client_rounds // r["S"] and r["status"] == "completed"
+            assert 0 < r["accuracy"] <= 1 and r["grad_evals"] > 0
+        # With S = N, uniform and normalized are full participation: one run, both rows.
+        full = [r for r in mine if r["S"] == N and r["participation"] != "weighted"]
+        assert full[0]["nll_sum"] == full[1]["nll_sum"]
+    assert (rows[0]["K"], [r for r in rows if r["algorithm"] == "fald"][0]["K"]) == (10, 1)
+    gauss = read_csv(out / "participation_gaussian.csv")
+    assert {r["scheme"] for r in gauss} == {"weighted", "uniform", "normalized"}
+    assert all(r["var"] > 0 and r["w2"] >= 0 for r in gauss if r["diverged_round"] in ("", None))
+    # A rerun reads the finished cells back; the figures redraw from the files alone.
+    stamp = {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/metrics.csv")}
+    assert main(["experiment", "participation", "--quick", "--out", str(out)]) == 0
+    assert stamp == {p: p.stat().st_mtime_ns for p in (out / "cells").glob("*/metrics.csv")}
+    for png in replot(out):
+        assert png.stat().st_size > 10_000
