@@ -47,6 +47,33 @@ def quiet_env() -> None:
         os.environ.setdefault(k, v)
 
 
+def child_env() -> dict:
+    """The environment of a benchmark's child process: this one's, with the repository
+    root on PYTHONPATH so that the child imports ``benchmarks`` from wherever it starts."""
+    import os
+
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
+    return env
+
+
+def peak_rss_mb() -> float:
+    """This process's peak resident memory in MB: ``VmHWM``, the high-water mark of its
+    own address space. (``ru_maxrss`` is no use in a child process: Linux carries it over
+    from the parent across ``fork`` and ``exec``, so a child started by a large parent
+    reports the parent's size.)"""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("VmHWM:"):
+                return int(line.split()[1]) / 1024
+    except OSError:
+        pass
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
 def fmnist_available() -> bool:
     return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
 

@@ -20,6 +20,7 @@ K = 5, B = 32, one chain, S = 100 clients drawn a round (``uniform``):
 from __future__ import annotations
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -28,7 +29,7 @@ import time
 
 import torch
 
-from benchmarks.common import fmnist_available, interleaved, quiet_env
+from benchmarks.common import child_env, fmnist_available, interleaved, quiet_env
 
 SETTING = dict(
     dataset="fashion-mnist",
@@ -103,7 +104,8 @@ def bench_rounds(sizes=ROUND_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 5,
 
 # A whole run in a child process: its peak RSS is the run's alone.
 _RUN_CHILD = """
-import json, resource, sys, time
+import json, sys, time
+from benchmarks.common import peak_rss_mb
 from benchmarks.scale import _config
 from fedhmc.runtime.engine import run
 N, S, rounds, out = int(sys.argv[1]), int(sys.argv[2]), int(sys.argv[3]), sys.argv[4]
@@ -111,7 +113,7 @@ t0 = time.perf_counter()
 res = run(_config(N, S, rounds=rounds, burn_in=0, out=out), progress=False)
 wall = time.perf_counter() - t0
 h = res.history
-print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"peak_rss_mb": peak_rss_mb(),
                   "wall_s": wall, "loop_s": h[-1]["wall_s"],
                   "s_per_round": (h[-1]["wall_s"] - h[0]["wall_s"]) / max(len(h) - 1, 1),
                   "clients": h[-1].get("clients"), "accuracy": h[-1].get("accuracy")}))
@@ -119,15 +121,12 @@ print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_max
 
 
 def _child(args: list[str]) -> dict:
-    env = dict(os.environ)
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-    env["PYTHONPATH"] = os.pathsep.join([root, *filter(None, [env.get("PYTHONPATH")])])
     out = subprocess.run(
         [sys.executable, "-c", _RUN_CHILD, *args],
         capture_output=True,
         text=True,
         check=False,
-        env=env,
+        env=child_env(),
     )
     if out.returncode != 0:
         tail = (out.stderr.strip().splitlines() or ["(no output)"])[-1]
@@ -143,6 +142,17 @@ def bench_runs(sizes=RUN_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 6) -> 
             res = _child([str(N), str(S), str(rounds), os.path.join(tmp, f"n{N}")])
             rows.append({"num_clients": N, "clients_per_round": S, "rounds": rounds, **res})
     return rows
+
+
+class _Collect(logging.Handler):
+    """Keeps the messages of the warnings logged to it."""
+
+    def __init__(self):
+        super().__init__(logging.WARNING)
+        self.messages: list[str] = []
+
+    def emit(self, record):
+        self.messages.append(record.getMessage())
 
 
 class _TreeMemory:
@@ -197,12 +207,20 @@ def bench_flower_clients(N: int = 1_000, S: int = 50, rounds: int = 4) -> dict:
                 if backend == "engine":
                     res = run(cfg, progress=False)
                 else:
+                    # The server's warnings (a client dropped at start-up changes the draws,
+                    # and so the chain) are kept for the report; Flower's own output is not.
+                    log = logging.getLogger("fedhmc.server")
+                    handler = _Collect()
+                    log.addHandler(handler)
                     with open(os.devnull, "w") as devnull:
                         stderr, sys.stderr = sys.stderr, devnull
                         try:
                             res = run_flower(cfg.replace(backend="flower"), progress=False)
                         finally:
                             sys.stderr = stderr
+                            log.removeHandler(handler)
+                    out["server_warnings"] = handler.messages[:5]
+                    out["server_warning_count"] = len(handler.messages)
             h = res.history
             runs[backend] = res
             out[backend] = {
@@ -306,7 +324,13 @@ def render(res: dict) -> str:
             f"({fl['flower/engine']:.1f} ×), peak memory of the process tree "
             f"{f['peak_tree_mb']:,.0f} MB against {e['peak_tree_mb']:,.0f} MB, whole run "
             f"{f['total_s']:.0f} s against {e['total_s']:.0f} s; clients a round "
-            f"{f['clients'][-1]}; the same θ̄: {fl['same_theta']}.",
+            f"{f['clients'][-1]}; the same θ̄: {fl['same_theta']}."
+            + (
+                f" The server warned {fl['server_warning_count']} times, first: "
+                f"{fl['server_warnings'][0]}."
+                if fl.get("server_warning_count")
+                else ""
+            ),
         ]
     elif fl:
         lines += ["", f"Flower simulation: skipped ({fl['skipped']})."]

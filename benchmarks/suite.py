@@ -57,6 +57,7 @@ import torch
 from benchmarks.common import (
     FMNIST_DIR,
     Shape,
+    child_env,
     engine_fn,
     fmnist_available,
     interleaved,
@@ -317,7 +318,8 @@ def bench_flower(rounds: int, T: int, K: int, dataset: str = "fashion-mnist") ->
 
 
 _MEMORY_CHILD = """
-import json, resource, sys, tempfile, time
+import json, sys, tempfile, time
+from benchmarks.common import peak_rss_mb
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.engine import run
 n, rounds = int(sys.argv[1]), int(sys.argv[2])
@@ -327,7 +329,7 @@ with tempfile.TemporaryDirectory() as tmp:
                     burn_in=0, out=tmp)
     res = run(cfg, progress=False)
     wall = time.perf_counter() - t0
-print(json.dumps({"peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024,
+print(json.dumps({"peak_rss_mb": peak_rss_mb(),
                   "wall_s": wall, "chains": res.config.chains,
                   "T": res.config.local_steps, "K": res.config.leapfrog_steps}))
 """
@@ -340,6 +342,7 @@ def bench_memory(num_clients: int, rounds: int) -> dict:
         capture_output=True,
         text=True,
         check=False,
+        env=child_env(),
     )
     if out.returncode != 0:
         return {"skipped": "the memory run failed: " + out.stderr.strip().splitlines()[-1]}

@@ -38,8 +38,8 @@ BUDGETS = {
 GAUSSIAN = {
     # budget: (S values, chains, rounds, burn-in)
     "quick": ((1, 10), 50, 60, 20),
-    "reduced": ((1, 2, 3, 5, 7, 10), 200, 2_000, 200),
-    "full": ((1, 2, 3, 5, 7, 10), 500, 4_000, 400),
+    "reduced": ((1, 2, 3, 5, 10), 100, 1_000, 150),
+    "full": ((1, 2, 3, 5, 10), 200, 2_000, 200),
 }
 METRICS = ("accuracy", "brier", "ece", "nll_sum")
 
@@ -170,27 +170,42 @@ def pooled_law(
         return {**out, "mean": None, "var": None, "w2": None, "se_mean": None, "se_var": None}
     a1, a2 = np.array(m1), np.array(m2)
     mean = float(a1.mean())
-    var = float(a2.mean()) - mean**2
+    # Each round's mean squared deviation from the pooled mean: their average is the pooled
+    # variance, and their batch means give its standard error (E[θ̄²] and E[θ̄]² are too
+    # correlated for their errors to be added).
+    dev = a2 - 2 * mean * a1 + mean**2
+    var = float(dev.mean())
 
     def se(v):
         b = v[: len(v) // 20 * 20].reshape(20, -1).mean(1)
         return float(b.std(ddof=1) / math.sqrt(20))
 
-    se_mean = se(a1)
-    se_var = math.sqrt(se(a2) ** 2 + (2 * mean * se_mean) ** 2)
+    se_mean, se_var = se(a1), se(dev)
     w2 = math.sqrt((mean - post.mean) ** 2 + (math.sqrt(max(var, 0.0)) - math.sqrt(post.var)) ** 2)
     return {**out, "mean": mean, "var": var, "w2": w2, "se_mean": se_mean, "se_var": se_var}
 
 
-def gaussian_part(budget: str, seed: int) -> tuple[list[dict], dict]:
+def gaussian_part(out_dir: Path, budget: str, seed: int) -> tuple[list[dict], dict]:
+    """Every (ρ, scheme, S) of the Gaussian part; each setting's result is kept in
+    ``out_dir/gaussian/`` as it finishes, so that a rerun goes on where one stopped."""
     from fedhmc.core.progress import bar
+    from fedhmc.runtime.output import write_text_atomic
 
     Ss, chains, rounds, burn = GAUSSIAN[budget]
     jobs = [(rho, scheme, S) for rho in (1.0, 0.0) for scheme in SCHEMES for S in Ss]
     rows = []
     pbar = bar(len(jobs), "gaussian", "setting")
+    (out_dir / "gaussian").mkdir(parents=True, exist_ok=True)
     for rho, scheme, S in jobs:
-        rows.append(pooled_law(scheme, S, rho, chains, rounds, burn, seed))
+        done = out_dir / "gaussian" / (
+            f"rho{rho:g}_{scheme}_S{S}_chains{chains}_rounds{rounds}_burn{burn}_seed{seed}.json"
+        )
+        if done.exists():
+            row = json.loads(done.read_text())
+        else:
+            row = pooled_law(scheme, S, rho, chains, rounds, burn, seed)
+            write_text_atomic(done, json.dumps(row) + "\n")
+        rows.append(row)
         if pbar is not None:
             pbar.update(1)
     if pbar is not None:
@@ -341,12 +356,13 @@ def participation(
 ) -> dict:
     """Partial participation on Fashion-MNIST (FA-HMC against FA-LD, S and scheme at a
     fixed budget of client-rounds) and on the heterogeneous Gaussian (the stationary law
-    against S). The default budget is 1,000 client-rounds and one seed; ``--full``, 2,000
-    and three seeds with 500 chains for the Gaussian."""
+    against S). The default budget is 1,000 client-rounds and one seed, and 100 chains ×
+    1,000 rounds for the Gaussian; ``--full``, 2,000 client-rounds, three seeds, and
+    200 chains × 2,000 rounds."""
     out_dir = Path(out_dir)
     budget = "quick" if quick else "full" if full else "reduced"
     dataset, N, Ss, client_rounds, seeds = BUDGETS[budget]
-    g_rows, g_settings = gaussian_part(budget, seed)
+    g_rows, g_settings = gaussian_part(out_dir, budget, seed)
     _write(out_dir, "participation_gaussian", g_rows, {"settings": g_settings, "rows": g_rows})
     rows = classification(out_dir, budget, seed, workers)
     title = (
