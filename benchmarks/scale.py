@@ -81,10 +81,10 @@ def bench_rounds(sizes=ROUND_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 5,
         fns[N] = engine
     # The thread count a run of these shapes would use (--threads auto: one, for S = 100
     # clients of a logistic regression), so that the rounds are timed as a run makes them.
-    from fedhmc.runtime.engine import _gradient_work
-    from fedhmc.runtime.threads import apply_threads
+    from fedhmc.runtime.threads import apply_threads, round_work
 
-    apply_threads("auto", _gradient_work(build_problem(_config(sizes[0], S)), _config(sizes[0], S)))
+    first = _config(sizes[0], S)
+    apply_threads("auto", round_work(build_problem(first).target, first))
     secs = interleaved(fns, repeats)
     rows = [
         {
@@ -205,7 +205,7 @@ def bench_flower_clients(N: int = 1_000, S: int = 50, rounds: int = 4) -> dict:
             t0 = time.perf_counter()
             with _TreeMemory() as mem:
                 if backend == "engine":
-                    res = run(cfg, progress=False)
+                    res = run(cfg, progress=False, threads="auto")  # as `fedhmc run` does
                 else:
                     # The server's warnings (a client dropped at start-up changes the draws,
                     # and so the chain) are kept for the report; Flower's own output is not.

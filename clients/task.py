@@ -15,6 +15,7 @@ from fedhmc.algorithms.fahmc import client_seed, client_seeds, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
+from fedhmc.runtime.threads import apply_threads, round_work
 
 _TARGETS: dict[tuple, tuple] = {}
 # Debiased FA-HMC: this process's last local gradient at the position it was sent, keyed by
@@ -166,6 +167,9 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
     ):
         target = colocated_target(cfg, num_total)
+        # The engine's thread count for this round (--threads auto): a batched reduction
+        # may round differently at another count, and the chain must be the engine's.
+        apply_threads("auto", round_work(target, cfg))
         ids = [int(c) for c in config.get("round-clients", [])] or list(range(target.num_clients))
         if len(ids) < target.num_clients:  # partial participation: the drawn clients only
             target = target.subset(ids)

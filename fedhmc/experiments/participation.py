@@ -197,8 +197,10 @@ def gaussian_part(out_dir: Path, budget: str, seed: int) -> tuple[list[dict], di
     pbar = bar(len(jobs), "gaussian", "setting")
     (out_dir / "gaussian").mkdir(parents=True, exist_ok=True)
     for rho, scheme, S in jobs:
-        done = out_dir / "gaussian" / (
-            f"rho{rho:g}_{scheme}_S{S}_chains{chains}_rounds{rounds}_burn{burn}_seed{seed}.json"
+        done = (
+            out_dir
+            / "gaussian"
+            / (f"rho{rho:g}_{scheme}_S{S}_chains{chains}_rounds{rounds}_burn{burn}_seed{seed}.json")
         )
         if done.exists():
             row = json.loads(done.read_text())

@@ -28,7 +28,7 @@ from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
 from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
-from fedhmc.runtime.threads import apply_threads, gradient_work
+from fedhmc.runtime.threads import apply_threads, round_work
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
@@ -598,17 +598,6 @@ def prepare(cfg: RunConfig) -> RunConfig:
     return cfg.replace(out=cfg.out or cfg.default_out())
 
 
-def _gradient_work(problem: Problem, cfg: RunConfig) -> int:
-    """Multiply-adds of one batched gradient evaluation of ``problem``, roughly."""
-    target = problem.target
-    batch = int(getattr(target, "batch_size", 1) or 0)
-    n_max = getattr(target, "max_client_size", None)  # not target.X: it may never be built
-    if n_max is not None and (batch <= 0 or batch > n_max):
-        batch = int(n_max)
-    clients = min(target.num_clients, cfg.clients_per_round or target.num_clients)
-    return gradient_work(clients, cfg.chains, batch, problem.dim)
-
-
 def run(
     cfg: RunConfig,
     problem: Problem | None = None,
@@ -651,7 +640,7 @@ def run(
     device = torch.device(cfg.device)
     if problem is None:
         problem = build_problem(cfg, device=device)
-    apply_threads(threads, _gradient_work(problem, cfg))
+    apply_threads(threads, round_work(problem.target, cfg))
     from fedhmc.runtime import checkpoint
 
     module, settings = algorithm_of(cfg)

@@ -38,6 +38,18 @@ def gradient_work(num_clients: int, chains: int, batch: int, dim: int) -> int:
     return num_clients * max(1, chains) * max(1, batch) * dim
 
 
+def round_work(target, cfg) -> int:
+    """Multiply-adds of one batched gradient evaluation of a round on ``target``, roughly:
+    what ``--threads auto`` decides by, in the engine and in a Flower simulation's
+    co-located clients alike (so that both compute with the same thread count)."""
+    batch = int(getattr(target, "batch_size", 1) or 0)
+    n_max = getattr(target, "max_client_size", None)  # not target.X: it may never be built
+    if n_max is not None and (batch <= 0 or batch > n_max):
+        batch = int(n_max)
+    clients = min(target.num_clients, cfg.clients_per_round or target.num_clients)
+    return gradient_work(clients, cfg.chains, batch, target.dim)
+
+
 def auto_threads(work: int, cores: int | None = None) -> int:
     """The thread count ``auto`` picks for a gradient evaluation of ``work`` multiply-adds."""
     cores = cores or os.cpu_count() or 1
