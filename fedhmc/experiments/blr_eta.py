@@ -113,7 +113,7 @@ def _plot(path: Path, summary: dict) -> None:
     rows, dim = summary["rows"], summary["dim"]
     noises = list(dict.fromkeys(r["grad_noise"] for r in rows))
     etas = sorted({r["step_size"] for r in rows})
-    fig = new_figure(4.5 * len(noises), 3.6)
+    fig = new_figure(4.0 * len(noises), 3.4)
     axes = fig.subplots(1, len(noises), squeeze=False)[0]
     for ax, noise in zip(axes, noises, strict=True):
         for algo, label in (("fahmc", "FA-HMC"), ("fald", "FA-LD")):
@@ -124,9 +124,8 @@ def _plot(path: Path, summary: dict) -> None:
         ax.minorticks_off()
         ax.set_xlabel("step size η")
         ax.set_ylabel("marginal error (ME)")
-        ax.set_title(
-            f"d = {dim}, {'exact' if noise == 0 else f'σ_g = {noise:g}'} gradients", fontsize=9
-        )
+        grads = "exact" if noise == 0 else r"$\sigma_g$ = " + f"{noise:g}"
+        ax.set_title(f"d = {dim}, {grads} gradients", fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)

@@ -191,7 +191,7 @@ def _plot_blr_t(path: Path, summary: dict, curves: dict) -> None:
     rounds to reach each ε against T (every T on the axis; a missing point: not reached)."""
     Ts = [r["T"] for r in summary["rows"]]
     epsilons = summary["epsilons"]
-    fig = new_figure(10.0, 3.8)
+    fig = new_figure(8.0, 3.6)
     ax1, ax2 = fig.subplots(1, 2)
     for T in Ts:
         ax1.plot(*zip(*curves[T], strict=True), label=f"T = {T}")
@@ -201,7 +201,7 @@ def _plot_blr_t(path: Path, summary: dict, curves: dict) -> None:
     ax1.set_xlabel("communication rounds")
     ax1.set_ylabel("ME of the samples so far")
     ax1.set_title("dotted: the thresholds ε", fontsize=9)
-    ax1.legend(fontsize=7, ncol=2)
+    ax1.legend(fontsize=8, ncol=2)
     for i, eps in enumerate(epsilons):
         pts = [
             (r["T"], r[f"rounds_eps{i}"])
@@ -220,10 +220,10 @@ def _plot_blr_t(path: Path, summary: dict, curves: dict) -> None:
     ax2.set_ylabel("rounds to reach ME ≤ ε")
     ax2.set_title(
         f"d = {summary['dim']}, K = {summary['K']}, η = {summary['step_size']:g}, "
-        f"{summary['chains']} chains (missing: not reached)",
-        fontsize=8,
+        f"{summary['chains']} chains\n(no point: ε not reached)",
+        fontsize=9,
     )
-    ax2.legend(fontsize=7)
+    ax2.legend(fontsize=8)
     fig.tight_layout()
     fig.savefig(path, dpi=120)
 

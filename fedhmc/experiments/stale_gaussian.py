@@ -110,13 +110,13 @@ def stale_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
 def _plot(path: Path, rows: list[dict], curves: dict) -> None:
     """The figure from the table's rows (``stale_gaussian.csv``) and the MSE curves (τ →
     (iterations, MSE) lists, from ``stale_gaussian_curves.csv``)."""
-    fig = new_figure(9.0, 3.6)
+    fig = new_figure(8.0, 3.4)
     ax1, ax2 = fig.subplots(1, 2)
     for tau, (xs, ys) in curves.items():
         ax1.loglog(xs, ys, label=f"τ = {tau}")
     ax1.set_xlabel("iterations L")
     ax1.set_ylabel("MSE of the sample average of θ²")
-    ax1.legend(fontsize=7)
+    ax1.legend(fontsize=8)
     ax2.errorbar(
         [r["tau"] for r in rows],
         [r["mse"] for r in rows],
