@@ -7,8 +7,9 @@ body (``# Sampler``, ``# Run``, ...). The table is built from the code at every 
 cannot drift from the options that exist.
 
 The tables that the paper experiments write (``results/paper-*/paper_*.md``) and the
-benchmark reports get the whole width of the window, and results tables whose cells hold a
-spread ("0.8436 ± 0.0007") keep each value on one line.
+benchmark reports get the whole width of the window, results tables whose cells hold a
+spread ("0.8436 ± 0.0007") keep each value on one line, and no table breaks a name
+(``--max-failed-rounds``) or a short value (``5e-5``) at its hyphens.
 """
 
 from __future__ import annotations
@@ -90,13 +91,20 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
 
 _TABLE = re.compile(r"<table>.*?</table>", re.S)
 _SPREAD = re.compile(r"\d ± \d")
+# In a table, a name in code (`--max-failed-rounds`, `paper-fmnist-K-dirichlet`), short
+# code (`--out DIR`) and a cell that is one short word (`5e-5`) are not broken at their
+# hyphens; longer code (a command) and prose wrap as usual.
+_TOKEN_CODE = re.compile(r"<code>([^\s<]{1,32}|[^<]{1,20})</code>")
+_TOKEN_CELL = re.compile(r"<(td|th)((?: [a-z]+=\"[^\"]*\")*)>([^\s<]{1,16})</\1>")
+
+
+def _table(table: str) -> str:
+    table = _TOKEN_CODE.sub(r'<code class="nowrap">\1</code>', table)
+    table = _TOKEN_CELL.sub(r'<\1\2 class="nowrap">\3</\1>', table)
+    return f'<div class="numbers">{table}</div>' if _SPREAD.search(table) else table
 
 
 def on_page_content(html_text: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
-    """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line."""
-    return _TABLE.sub(
-        lambda m: (
-            f'<div class="numbers">{m.group(0)}</div>' if _SPREAD.search(m.group(0)) else m.group(0)
-        ),
-        html_text,
-    )
+    """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line,
+    and every table keeps names and short values whole."""
+    return _TABLE.sub(lambda m: _table(m.group(0)), html_text)

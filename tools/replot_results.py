@@ -110,6 +110,81 @@ def _versus_eta(name: str) -> list[Path]:
     return paths
 
 
+def _gaussian_dim(name: str) -> list[Path]:
+    from fedhmc.experiments.gaussian_dim import _plot
+
+    out = RESULTS / name
+    _plot(out / "gaussian_dim.png", json.loads((out / "gaussian_dim.json").read_text())["rows"])
+    return [out / "gaussian_dim.png"]
+
+
+def _blr_eta(name: str) -> list[Path]:
+    """blr-eta and blr-d10 (the same experiment at d = 10)."""
+    from fedhmc.experiments.blr_eta import _plot
+
+    out = RESULTS / name
+    file = name.replace("-", "_")
+    _plot(out / f"{file}.png", json.loads((out / f"{file}.json").read_text()))
+    return [out / f"{file}.png"]
+
+
+def _blr_t(name: str) -> list[Path]:
+    from fedhmc.experiments.blr_t import _plot_blr_t
+    from fedhmc.sweep.table import read_csv
+
+    out = RESULTS / name
+    summary = json.loads((out / "blr_T.json").read_text())
+    curves: dict = {}
+    for r in read_csv(out / "blr_T_curves.csv"):
+        curves.setdefault(r["T"], []).append((r["round"], r["me"]))
+    _plot_blr_t(out / "blr_T.png", summary, curves)
+    return [out / "blr_T.png"]
+
+
+def _curves(path: Path, key: str, x: str, y: str) -> dict:
+    """A curves table as key → (xs, ys), in the table's order."""
+    from fedhmc.sweep.table import read_csv
+
+    curves: dict = {}
+    for r in read_csv(path):
+        xs, ys = curves.setdefault(r[key], ([], []))
+        xs.append(r[x])
+        ys.append(r[y])
+    return curves
+
+
+def _stale_gaussian(name: str) -> list[Path]:
+    from fedhmc.experiments.stale_gaussian import _plot
+
+    out = RESULTS / name
+    rows = json.loads((out / "stale_gaussian.json").read_text())["rows"]
+    curves = _curves(out / "stale_gaussian_curves.csv", "tau", "iterations", "mse")
+    _plot(out / "stale_gaussian.png", rows, curves)
+    return [out / "stale_gaussian.png"]
+
+
+def _stale_variance(name: str) -> list[Path]:
+    from fedhmc.experiments.stale_variance import _plot
+
+    out = RESULTS / name
+    curves = _curves(
+        out / "stale_variance_curves.csv", "workers", "iterations_per_worker", "variance"
+    )
+    _plot(out / "stale_variance.png", curves)
+    return [out / "stale_variance.png"]
+
+
+def _debiased_gaussian(name: str) -> list[Path]:
+    from fedhmc.experiments.debiased_gaussian import _plot
+
+    out = RESULTS / name
+    _plot(
+        out / "debiased_gaussian.png",
+        json.loads((out / "debiased_gaussian.json").read_text())["rows"],
+    )
+    return [out / "debiased_gaussian.png"]
+
+
 FIGURES = {
     **{
         n: _paper_fmnist
@@ -126,6 +201,13 @@ FIGURES = {
     **{n: _metric_panels for n in _PANEL_TITLES},
     "delayed-sgld": _delayed_sgld,
     "fmnist-K-eta": _versus_eta,
+    "gaussian-dim": _gaussian_dim,
+    "blr-eta": _blr_eta,
+    "blr-d10": _blr_eta,
+    "blr-T": _blr_t,
+    "stale-gaussian": _stale_gaussian,
+    "stale-variance": _stale_variance,
+    "debiased-gaussian": _debiased_gaussian,
 }
 
 

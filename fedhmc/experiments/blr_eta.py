@@ -103,22 +103,32 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     }
     file = name.replace("-", "_")
     _write(out_dir, file, rows, summary)
-    fig = new_figure(4.5 * len(noises), 3.6)
+    _plot(out_dir / f"{file}.png", summary)
+    return summary
+
+
+def _plot(path: Path, summary: dict) -> None:
+    """The figure from the summary (``blr_eta.json``, ``blr_d10.json``): the ME of FA-HMC
+    and FA-LD against η, one panel per gradient noise level, η's ticks at the values run."""
+    rows, dim = summary["rows"], summary["dim"]
+    noises = list(dict.fromkeys(r["grad_noise"] for r in rows))
+    etas = sorted({r["step_size"] for r in rows})
+    fig = new_figure(4.0 * len(noises), 3.4)
     axes = fig.subplots(1, len(noises), squeeze=False)[0]
     for ax, noise in zip(axes, noises, strict=True):
         for algo, label in (("fahmc", "FA-HMC"), ("fald", "FA-LD")):
             sel = [r for r in rows if r["algorithm"] == algo and r["grad_noise"] == noise]
             ax.plot([r["step_size"] for r in sel], [r["me"] for r in sel], "o-", label=label)
         ax.set_xscale("log")
+        ax.set_xticks(etas, [f"{e:g}" for e in etas])
+        ax.minorticks_off()
         ax.set_xlabel("step size η")
         ax.set_ylabel("marginal error (ME)")
-        ax.set_title(
-            f"d = {dim}, {'exact' if noise == 0 else f'σ_g = {noise:g}'} gradients", fontsize=9
-        )
+        grads = "exact" if noise == 0 else r"$\sigma_g$ = " + f"{noise:g}"
+        ax.set_title(f"d = {dim}, {grads} gradients", fontsize=9)
         ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / f"{file}.png", dpi=120)
-    return summary
+    fig.savefig(path, dpi=120)
 
 
 def blr_eta(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:

@@ -181,7 +181,17 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     }
     _write(out_dir, "blr_T", rows, summary)
     _write(out_dir, "blr_T_curves", curve_rows, {"experiment": "blr-T", "curves": "me per round"})
-    fig = new_figure(10.0, 3.8)
+    _plot_blr_t(out_dir / "blr_T.png", summary, curves)
+    return summary
+
+
+def _plot_blr_t(path: Path, summary: dict, curves: dict) -> None:
+    """``blr-T``'s figure from its summary (``blr_T.json``) and curves (T → (round, ME)
+    pairs, from ``blr_T_curves.csv``): the online ME against rounds for each T, and the
+    rounds to reach each ε against T (every T on the axis; a missing point: not reached)."""
+    Ts = [r["T"] for r in summary["rows"]]
+    epsilons = summary["epsilons"]
+    fig = new_figure(8.0, 3.6)
     ax1, ax2 = fig.subplots(1, 2)
     for T in Ts:
         ax1.plot(*zip(*curves[T], strict=True), label=f"T = {T}")
@@ -190,20 +200,32 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     ax1.set_xscale("log")
     ax1.set_xlabel("communication rounds")
     ax1.set_ylabel("ME of the samples so far")
-    ax1.legend(fontsize=7, ncol=2)
+    ax1.set_title("dotted: the thresholds ε", fontsize=9)
+    ax1.legend(fontsize=8, ncol=2)
     for i, eps in enumerate(epsilons):
-        pts = [(r["T"], r[f"rounds_eps{i}"]) for r in rows if r[f"rounds_eps{i}"] is not None]
+        pts = [
+            (r["T"], r[f"rounds_eps{i}"])
+            for r in summary["rows"]
+            if r[f"rounds_eps{i}"] is not None
+        ]
         if pts:
             ax2.plot(*zip(*pts, strict=True), "o-", label=f"ε = {eps:.4g}")
+    ax2.set_xscale("log")
+    ax2.set_xlim(min(Ts) / 1.5, max(Ts) * 1.5)
+    if all(b / a >= 1.5 for a, b in zip(Ts, Ts[1:], strict=False)):  # labels that fit
+        ax2.set_xticks(Ts, [str(T) for T in Ts])
+        ax2.minorticks_off()
     ax2.set_yscale("log")
     ax2.set_xlabel("local steps T")
     ax2.set_ylabel("rounds to reach ME ≤ ε")
-    ax2.set_title(f"d = {dim}, K = {K}, η = {eta:g}, {chains} chains (missing: not reached)")
-    ax2.title.set_fontsize(8)
-    ax2.legend(fontsize=7)
+    ax2.set_title(
+        f"d = {summary['dim']}, K = {summary['K']}, η = {summary['step_size']:g}, "
+        f"{summary['chains']} chains\n(no point: ε not reached)",
+        fontsize=9,
+    )
+    ax2.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "blr_T.png", dpi=120)
-    return summary
+    fig.savefig(path, dpi=120)
 
 
 def blr_t_table(curves: dict, walls: dict) -> tuple[list[float], list[dict]]:

@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.core.progress import track
-from fedhmc.experiments._common import _write
+from fedhmc.experiments._common import _write, write_csv
 from fedhmc.viz.plots import new_figure
 
 
@@ -89,6 +89,19 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
         "rows": rows,
     }
     _write(out_dir, "stale_variance", rows, summary)
+    curve_rows = [
+        {"workers": W, "iterations_per_worker": x, "variance": y}
+        for W, (xs, ys) in curves.items()
+        for x, y in zip(xs, ys, strict=True)
+    ]
+    write_csv(out_dir / "stale_variance_curves.csv", curve_rows)
+    _plot(out_dir / "stale_variance.png", curves)
+    return summary
+
+
+def _plot(path: Path, curves: dict) -> None:
+    """The figure from the variance curves (W → (iterations per worker, variance) lists,
+    from ``stale_variance_curves.csv``)."""
     fig = new_figure(6.0, 4.0)
     ax = fig.add_subplot()
     for W, (xs, ys) in curves.items():
@@ -98,5 +111,4 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     ax.set_title("Stale SGLD, breast-cancer BLR: variance against L̄", fontsize=10)
     ax.legend(fontsize=8)
     fig.tight_layout()
-    fig.savefig(out_dir / "stale_variance.png", dpi=120)
-    return summary
+    fig.savefig(path, dpi=120)

@@ -87,7 +87,7 @@ def _log_ticks(axis) -> None:
 @functools.cache
 def _readable_figure_class():
     from matplotlib.figure import Figure
-    from matplotlib.ticker import ScalarFormatter
+    from matplotlib.ticker import FixedLocator, ScalarFormatter
 
     class ReadableFigure(Figure):
         """A Figure whose plots stay readable at the width of a documentation page.
@@ -95,8 +95,9 @@ def _readable_figure_class():
         ``subplots(1, n)`` with n ≥ ``WRAP_PANELS`` lays the panels out on two rows (and
         makes the figure half as wide and twice as tall), returning them in the same order
         and shape as asked; at saving, large or small tick values get a common ×10ⁿ factor
-        instead of long labels that run into each other, and legend text is at least
-        ``MIN_LEGEND_SIZE`` points.
+        instead of long labels that run into each other, log axes get labels that do not
+        crowd (ticks a plot placed itself with ``set_xticks`` are kept), and legend text is at
+        least ``MIN_LEGEND_SIZE`` points.
         """
 
         wrapped = False
@@ -122,7 +123,9 @@ def _readable_figure_class():
                     if type(fmt) is ScalarFormatter:
                         fmt.set_powerlimits((-3, 4))
                         fmt.set_useMathText(True)
-                    elif axis.get_scale() == "log":
+                    elif axis.get_scale() == "log" and not isinstance(
+                        axis.get_major_locator(), FixedLocator
+                    ):
                         _log_ticks(axis)
                 legend = ax.get_legend()
                 if legend is not None:
