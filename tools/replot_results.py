@@ -185,6 +185,12 @@ def _debiased_gaussian(name: str) -> list[Path]:
     return [out / "debiased_gaussian.png"]
 
 
+def _participation(name: str) -> list[Path]:
+    from fedhmc.experiments.participation import replot
+
+    return replot(RESULTS / name)
+
+
 FIGURES = {
     **{
         n: _paper_fmnist
@@ -208,6 +214,7 @@ FIGURES = {
     "stale-gaussian": _stale_gaussian,
     "stale-variance": _stale_variance,
     "debiased-gaussian": _debiased_gaussian,
+    "participation": _participation,
 }
 
 

@@ -149,7 +149,7 @@ DURATIONS: dict[str, tuple[str, str | None]] = {
     "kmnist": ("not measured", "not measured"),
     "cifar2": ("not measured", "not measured"),
     "stale-gaussian": ("15 s", None),
-    "participation": ("not measured", "not measured"),
+    "participation": ("not measured", "1.5 h with --workers 2"),
     "stale-variance": ("2 min", None),
     "paper-fmnist-K": ("not measured", "4-5 h with --workers 2"),
     "paper-fmnist-T": ("not measured", "3 h with --workers 2"),

@@ -312,10 +312,13 @@ def plot_gaussian(path: Path, rows: list[dict], settings: dict) -> None:
             sel = [r for r in rows if float(r["rho"]) == rho and r["scheme"] == scheme]
             sel = [r for r in sel if r["var"] not in (None, "")]
             xs = [int(r["S"]) for r in sel]
+            var = [float(r["var"]) for r in sel]
+            err = [2 * float(r["se_var"]) for r in sel]
             axes[0, j].errorbar(
                 xs,
-                [float(r["var"]) for r in sel],
-                yerr=[2 * float(r["se_var"]) for r in sel],
+                var,
+                # ±2 s.e., the lower bar kept above zero on the log axis
+                yerr=[[min(e, 0.9 * v) for e, v in zip(err, var, strict=True)], err],
                 fmt=styles[scheme],
                 ms=4,
                 capsize=2,
@@ -326,10 +329,12 @@ def plot_gaussian(path: Path, rows: list[dict], settings: dict) -> None:
             settings["posterior_var"], color="k", lw=0.8, ls="--", label="exact posterior"
         )
         axes[0, j].set_title(f"variance of θ̄ pooled over rounds, ρ = {rho:g}", fontsize=10)
+        axes[0, j].set_yscale("log")
         axes[1, j].set_title(f"W₂(θ̄, posterior), ρ = {rho:g}", fontsize=10)
         axes[1, j].set_yscale("log")
         for ax in axes[:, j]:
             ax.set_xlabel("clients per round S (of 10)")
+            ax.set_xticks(sorted({int(r["S"]) for r in rows}))
     axes[0, 0].legend(fontsize=7)
     fig.suptitle(
         f"Heterogeneous Gaussian, 10 clients of unequal sizes, T = {settings['T']}, "

@@ -92,18 +92,20 @@ class DataTarget:
         self.weights = self.counts.to(torch.float64) / self.num_total
         self._n_max = max(counts)
         # The features keep their shape (F,) or (C, H, W), …: the model sees what the data
-        # holds. The padded (N, n_max, …) tensors are built on first use (``X``, ``y``): a
-        # target whose rounds only ever use subsets of its clients never holds them.
+        # holds. Minibatches are gathered from every client's rows one after another
+        # (``_flat``), the full-batch kernel reads them padded to (N, n_max, …) (``X``, ``y``);
+        # both are built on first use, so a target whose rounds only ever use subsets of its
+        # clients (partial participation) holds neither.
         self.feature_shape = tuple(model.prepare(parts[0][0][:1].to(dtype)).shape[1:])
         self._feature_size = math.prod(self.feature_shape)
         self._parts = parts
         self._store: dict = {}  # shared with with_batch_size's copies
         n_rows = torch.arange(self._n_max, device=self.device)
         self._valid = n_rows < self.counts.unsqueeze(1)
-        # Client c's rows start at c · n_max in the flattened (N · n_max, F) data.
-        self._row_offsets = (
-            torch.arange(self.num_clients, device=self.device).view(1, -1, 1) * self._n_max
-        )
+        # Client c's rows start at n_1 + … + n_{c−1} in the flat (Σ n_c, F) data.
+        starts = torch.cumsum(self.counts, 0) - self.counts
+        self._row_offsets = starts.view(1, -1, 1)
+        self._last_row = (self.counts - 1).view(1, -1, 1)
         self._set_batch(self.batch_size)
 
     @property
@@ -120,6 +122,16 @@ class DataTarget:
     def y(self) -> torch.Tensor:
         """Every client's labels, padded with zeros to n_max: (N, n_max), int64."""
         return self._pad()[1]
+
+    def _flat(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Every client's features and labels, their rows one client after another:
+        (Σ n_c, *features) and (Σ n_c,)."""
+        flat = self._store.get("flat")
+        if flat is None:
+            X = torch.cat([self.model.prepare(Xc.to(self.dtype)) for Xc, _ in self._parts])
+            y = torch.cat([yc.to(torch.int64) for _, yc in self._parts])
+            flat = self._store["flat"] = (X.to(self.device), y.to(self.device))
+        return flat
 
     def _pad(self) -> tuple[torch.Tensor, torch.Tensor]:
         padded = self._store.get("padded")
@@ -209,16 +221,18 @@ class DataTarget:
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)
         # The B_c smallest uniforms of client c: a uniformly random subset of its points.
         idx = torch.topk(u, self._b_max, dim=-1, largest=False, sorted=self._ragged).indices
-        # Stored as rows of the flattened (N · n_max, F) data, evaluation-major, so that an
+        if self._ragged:  # a client with n_c < B: its unused slots (weight 0) take its last row
+            idx = torch.minimum(idx, self._last_row.unsqueeze(-1))
+        # Stored as rows of the flat (Σ n_c, F) data, evaluation-major, so that an
         # evaluation's rows are one contiguous (S, N, B) block.
         flat = (idx + self._row_offsets.unsqueeze(-1)).permute(2, 0, 1, 3).contiguous()
         # Where the drawn minibatches are small, gather all their rows now: one index_select
         # per round instead of two per evaluation (the same rows).
         rows = None
         if flat.numel() * self._feature_size * self.dtype.itemsize <= PREFETCH_MAX_GATHER_BYTES:
-            n_all = self.num_clients * self._n_max
-            Xg = torch.index_select(self.X.view(n_all, self._feature_size), 0, flat.view(-1))
-            yg = torch.index_select(self.y.view(-1), 0, flat.view(-1))
+            X_all, y_all = self._flat()
+            Xg = torch.index_select(X_all.view(-1, self._feature_size), 0, flat.view(-1))
+            yg = torch.index_select(y_all, 0, flat.view(-1))
             rows = (Xg.view(*flat.shape, *self.feature_shape), yg.view(flat.shape))
         self._plan = (keys, start, flat, rows)
 
@@ -261,6 +275,7 @@ class DataTarget:
         slot = torch.arange(B, device=self.device)
         pos = (start.view(-1, 1) + slot).clamp_(max=self._n_max - 1)  # (N, B)
         idx = cached[2].gather(-1, pos.unsqueeze(0).expand(keys.shape[0], -1, -1))
+        idx = torch.minimum(idx, self._last_row)  # unused slots (weight 0): the last row
         valid = slot < size.view(-1, 1)
         scale = (self.num_total / size.to(torch.float64)).to(self.dtype)
         sw = (valid.to(self.dtype) * scale.view(-1, 1)).unsqueeze(0).expand_as(idx)
@@ -286,17 +301,17 @@ class DataTarget:
             flat = flat.view(-1)
         # One flat index_select into reused buffers: the same rows as X[c, idx[s, c]], but
         # several times faster than advanced indexing (measured by python -m benchmarks).
-        n_max = self._n_max
         B = sw.shape[-1]
         bufs = self._buffers.get((S, B))
         if bufs is None:
             bufs = (
-                torch.empty(S * N * B, self._feature_size, dtype=self.X.dtype, device=self.device),
-                torch.empty(S * N * B, dtype=self.y.dtype, device=self.device),
+                torch.empty(S * N * B, self._feature_size, dtype=self.dtype, device=self.device),
+                torch.empty(S * N * B, dtype=torch.int64, device=self.device),
             )
             self._buffers[(S, B)] = bufs
-        X = torch.index_select(self.X.view(N * n_max, self._feature_size), 0, flat, out=bufs[0])
-        y = torch.index_select(self.y.view(-1), 0, flat, out=bufs[1])
+        X_all, y_all = self._flat()
+        X = torch.index_select(X_all.view(-1, self._feature_size), 0, flat, out=bufs[0])
+        y = torch.index_select(y_all, 0, flat, out=bufs[1])
         return X.view(S, N, B, *self.feature_shape), y.view(S, N, B), sw
 
     def grad(
