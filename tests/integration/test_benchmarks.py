@@ -151,3 +151,19 @@ def test_generic_logistic_modules_match_the_builtin():
     torch.testing.assert_close(nll, nll_ref)
     g_W = torch.cat([g[:, : F * C].view(M, C, F).transpose(1, 2), g[:, F * C :].view(M, 1, C)], 1)
     torch.testing.assert_close(g_W.reshape(M, -1), g_ref)
+
+
+def test_smoke_scale_group_runs_and_reports(tmp_path, capsys):
+    """``--only scale`` (smoke): rounds at N = 100 and 1,000 with the same S."""
+    from benchmarks.common import fmnist_available
+    from benchmarks.suite import main
+
+    if not fmnist_available():
+        pytest.skip("needs Fashion-MNIST (Debian's dataset-fashion-mnist)")
+    assert main(["--smoke", "--only", "scale", "--out", str(tmp_path)]) == 0
+    assert "Cross-device scale" in capsys.readouterr().out
+    (js,) = tmp_path.glob("*.json")
+    rows = json.loads(js.read_text())["scale"]["rounds"]
+    assert [r["num_clients"] for r in rows] == [100, 1000]
+    assert all(r["clients_per_round"] == 10 and r["s_per_round"] > 0 for r in rows)
+    assert rows[0]["ratio"] == 1.0
