@@ -61,11 +61,13 @@ def bench_rounds(sizes=ROUND_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 5,
     from fedhmc.algorithms import fahmc
     from fedhmc.runtime.engine import sampler_settings
     from fedhmc.runtime.problem import build_problem
+    from fedhmc.runtime.threads import apply_threads, round_work
 
-    fns, evals, sizes_seen = {}, {}, {}
+    fns, evals, sizes_seen, work = {}, {}, {}, {}
     for N in sizes:
         cfg = _config(N, S)
         target = build_problem(cfg).target
+        work[N] = round_work(target, cfg)
         settings = sampler_settings(cfg)
         counts = target.counts
         sizes_seen[N] = (int(counts.min()), int(counts.max()))
@@ -79,12 +81,9 @@ def bench_rounds(sizes=ROUND_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 5,
             evals[N] = total / rounds
 
         fns[N] = engine
-    # The thread count a run of these shapes would use (--threads auto: one, for S = 100
-    # clients of a logistic regression), so that the rounds are timed as a run makes them.
-    from fedhmc.runtime.threads import apply_threads, round_work
-
-    first = _config(sizes[0], S)
-    apply_threads("auto", round_work(build_problem(first).target, first))
+    # The thread count --threads auto picks for these rounds (the same S at every N), so
+    # that they are timed as a run makes them.
+    apply_threads("auto", work[sizes[0]])
     secs = interleaved(fns, repeats)
     rows = [
         {

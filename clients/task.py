@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from fedhmc.algorithms import debiased, fahmc
-from fedhmc.algorithms.fahmc import client_seed, client_seeds, round_seed
+from fedhmc.algorithms.fahmc import client_seed, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
@@ -170,10 +170,9 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         # The engine's thread count for this round (--threads auto): a batched reduction
         # may round differently at another count, and the chain must be the engine's.
         apply_threads("auto", round_work(target, cfg))
-        ids = [int(c) for c in config.get("round-clients", [])] or list(range(target.num_clients))
-        if len(ids) < target.num_clients:  # partial participation: the drawn clients only
-            target = target.subset(ids)
-        seeds = client_seeds(cfg.seed, ids)
+        drawn = message.clients
+        ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
+        target, seeds = fahmc.round_clients(cfg.seed, message, target)
         update = fahmc.client_update(message, target, settings, seeds)
         last = (key, sent, update, getattr(target, "counts", None), ids)
         _COLOCATED["round"] = last

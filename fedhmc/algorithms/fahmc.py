@@ -647,15 +647,22 @@ def skip(state, settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
+def round_clients(key: int, message: Broadcast, target):
+    """(target, private seeds) of the clients that compute ``message``'s round of run
+    ``key``: all of ``target``'s, or under partial participation only the drawn ones
+    (``target.subset``), so that idle clients compute and hold nothing."""
+    device = message.position.device
+    if message.clients is None:
+        return target, client_seeds(key, target.num_clients, device)
+    return target.subset(message.clients), client_seeds(key, message.clients, device)
+
+
 def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One communication round of FA-HMC, every client and chain batched: ``broadcast``,
-    ``client_update`` of all N clients, ``server_update``. ``key`` is the run seed."""
+    ``client_update`` of the round's clients, ``server_update``. ``key`` is the run seed."""
     message = broadcast(key, state, settings, target.weights)
+    computing, seeds = round_clients(key, message, target)
+    update = client_update(message, computing, settings, seeds)
     if message.clients is None:
-        seeds = client_seeds(key, target.num_clients, state.position.device)
-        update = client_update(message, target, settings, seeds)
         return server_update(state, update, target.weights, settings)
-    # Partial participation: only the drawn clients compute (idle ones cost nothing).
-    seeds = client_seeds(key, message.clients, state.position.device)
-    update = client_update(message, target.subset(message.clients), settings, seeds)
     return server_update(state, update, message.coefficients, settings, exact=True)

@@ -24,9 +24,9 @@ import json
 import math
 from pathlib import Path
 
+from fedhmc.core import PARTICIPATION_SCHEMES as SCHEMES
 from fedhmc.experiments._common import _write, write_csv
 
-SCHEMES = ("weighted", "uniform", "normalized")
 ALGORITHMS = (("fahmc", 10), ("fald", 1))
 
 BUDGETS = {
@@ -85,13 +85,13 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
     """Run (or read back) the classification cells; the last round of each, one row per
     (algorithm, S, scheme, seed)."""
     from fedhmc.sweep.cells import pending_cells, run_cells
-    from fedhmc.sweep.table import read_csv
+    from fedhmc.sweep.table import cell_rows
 
     cells = _cells(budget, seed)
     named = [(cid, s) for cid, s, _ in cells]
     # Small shapes: with several workers, one thread each (two threads a worker would
     # oversubscribe the cores, which slows torch down many times over).
-    results = run_cells(
+    run_cells(
         out_dir,
         pending_cells(out_dir, named),
         workers=workers,
@@ -100,13 +100,8 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
     )
     rows = []
     for cid, s, labels in cells:
-        cell_dir = out_dir / "cells" / cid
-        try:
-            status = json.loads((cell_dir / "summary.json").read_text()).get("status")
-        except (OSError, ValueError):
-            status = results.get(cid, {}).get("status", "failed")
-        history = read_csv(cell_dir / "metrics.csv") if (cell_dir / "metrics.csv").exists() else []
-        last = history[-1] if history else {}
+        history = cell_rows(out_dir / "cells" / cid)  # the run's status and every round
+        last, status = history[-1], history[-1]["status"]
         for scheme in labels:
             rows.append(
                 {
@@ -116,7 +111,7 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
                     "participation": scheme,
                     "seed": s["seed"],
                     "rounds": s["rounds"],
-                    "status": status or "failed",
+                    "status": status,
                     **{m: last.get(m) if status == "completed" else None for m in METRICS},
                     "grad_evals": sum(int(h.get("grad_evals") or 0) for h in history),
                     "wall_s": last.get("wall_s"),

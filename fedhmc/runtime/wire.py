@@ -93,10 +93,12 @@ def decode_message(config: dict, arrays: dict, dtype) -> fahmc.Broadcast:
 
     tensors = {f: torch.as_tensor(arrays[k]).to(dtype) for k, f in ARRAYS.items() if k in arrays}
     anchor_round = config.get("anchor-round") if "anchor" in arrays else None
+    clients = config.get("round-clients")  # partial participation (not the coefficients)
     return fahmc.Broadcast(
         round=int(config["round"]),
         round_seed=int(config["round-seed"]),
         anchor_round=None if anchor_round is None else int(anchor_round),
+        clients=torch.tensor([int(c) for c in clients]) if clients else None,
         **tensors,
     )
 

@@ -428,6 +428,7 @@ def test_participation_quick_writes_both_parts_and_resumes(tmp_path):
         # With S = N, uniform and normalized are full participation: one run, both rows.
         full = [r for r in mine if r["S"] == N and r["participation"] != "weighted"]
         assert full[0]["nll_sum"] == full[1]["nll_sum"]
+        assert not list((out / "cells").glob(f"{algorithm}_S{N}_uniform_*"))
     assert (rows[0]["K"], [r for r in rows if r["algorithm"] == "fald"][0]["K"]) == (10, 1)
     gauss = read_csv(out / "participation_gaussian.csv")
     assert {r["scheme"] for r in gauss} == {"weighted", "uniform", "normalized"}
