@@ -228,7 +228,7 @@ def step(key: int, state: State, target: Received, settings: Settings) -> tuple[
     position = state.position
     g, _ = target.grad(position.view(1, 1, -1), None, state.step, False)
     g = gradients.tempered(g.view(position.shape), settings.temperature)  # as stale
-    chain_key = stale.chain_keys(key, torch.tensor([state.chain]))
+    chain_key = stale.chain_keys(key, torch.tensor([state.chain], device=position.device))
     noise_key = rng.derive(chain_key.reshape(1), STREAM_STALE_NOISE)
     zeta = rng.normal(noise_key, state.step, position.shape[-1], position.dtype)[0]
     theta, momentum = euler_step(
@@ -268,10 +268,11 @@ def pooled_histogram(chains: list[AsyncChain], applied_only: bool = False) -> di
 # ------------------------------------------------------------------------ the worker side
 
 
-def worker_key(seed: int, chain: int) -> torch.Tensor:
+def worker_key(seed: int, chain: int, device: torch.device | str = "cpu") -> torch.Tensor:
     """The (1,) key from which a worker draws its minibatches (and gradient noise) for a
-    chain: derived from the worker's own seed and the chain."""
-    return rng.derive(int(seed), STREAM_ASYNC_BATCH, torch.tensor([int(chain)]))
+    chain, on the worker's ``device``: derived from the worker's own seed and the chain."""
+    chain_id = torch.tensor([int(chain)], device=device)
+    return rng.derive(int(seed), STREAM_ASYNC_BATCH, chain_id)
 
 
 def worker_gradient(

@@ -233,7 +233,12 @@ def client_seeds(seed: int, clients, device=None) -> torch.Tensor:
     """The private seeds (N,) of clients ``clients`` (a count N: clients 0 … N−1, or their
     ids): client c's is ``client_seed(seed, c)``, so a subset of clients draws what they
     draw among all."""
-    ids = range(clients) if isinstance(clients, int) else [int(c) for c in clients]
+    if isinstance(clients, int):
+        ids = range(clients)
+    elif isinstance(clients, torch.Tensor):
+        ids = clients.tolist()  # one transfer, not one per client
+    else:
+        ids = [int(c) for c in clients]
     return torch.tensor([client_seed(seed, c) for c in ids], dtype=torch.int64, device=device)
 
 

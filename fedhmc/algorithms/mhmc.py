@@ -193,7 +193,8 @@ class Settings:
     def __post_init__(self) -> None:
         if int(self.leapfrog_steps) != self.leapfrog_steps or self.leapfrog_steps < 1:
             raise ConfigError(f"mhmc needs K ≥ 1, got {self.leapfrog_steps}")
-        if not bool(torch.all(torch.as_tensor(self.step_size) > 0)):
+        eta = self.step_size
+        if not (bool((eta > 0).all()) if isinstance(eta, torch.Tensor) else eta > 0):
             raise ConfigError("mhmc needs step_size > 0")
 
 

@@ -43,7 +43,8 @@ class _OneClient:
     num_clients = 1
 
     def __init__(self):
-        self.weights = torch.ones(1, dtype=torch.float64)
+        # Weight 1 is a number, not data: it is moved to the positions where it is used.
+        self.weights = torch.ones(1, dtype=torch.float64, device="cpu")
 
     def with_batch_size(self, batch_size: int):
         return self
@@ -82,5 +83,5 @@ class Received(_OneClient):
         self.sent = int(sent)
 
     def grad(self, theta, keys, index, need_energy=True):
-        g = self.gradient.to(theta.dtype)
+        g = self.gradient.to(theta.device, theta.dtype)
         return g.reshape(theta.shape), None

@@ -123,9 +123,13 @@ def init(position: torch.Tensor, settings: Settings) -> State:
     return State(position.clone(), torch.zeros_like(position), ring, 0)
 
 
-def chain_keys(seed: int, chains: int | torch.Tensor) -> torch.Tensor:
-    """Per-chain keys (S,) of a run seed."""
-    idx = torch.arange(chains) if isinstance(chains, int) else chains
+def chain_keys(seed: int, chains: int | torch.Tensor, device=None) -> torch.Tensor:
+    """Per-chain keys (S,) of a run seed (chains 0 … S−1, or the chain ids given), on
+    ``device`` (default: the ids' device, or the CPU)."""
+    if isinstance(chains, int):
+        idx = torch.arange(chains, device=device)
+    else:
+        idx = chains if device is None else chains.to(device)
     return rng.derive(seed, rng.STREAM_CHAIN, idx)
 
 
@@ -207,7 +211,7 @@ def step(key: int, state: State, target, settings: Settings) -> tuple[State, Inf
     one-client gradient oracle: the pooled data's target, or ``oracles.from_grad(fn)``.
     Advancing 10 then 15 steps gives exactly the 25-step chain.
     """
-    keys = chain_keys(key, state.position.shape[0]).to(state.position.device)
+    keys = chain_keys(key, state.position.shape[0], state.position.device)
     grad = oracle_grad_fn(target, keys)
     if settings.grad_noise > 0:
         exact, noise = grad, gradients.noise_keys(keys)

@@ -29,13 +29,14 @@ ECE_BINS = 15
 
 def accuracy(probs: torch.Tensor, labels: torch.Tensor) -> float:
     """Fraction of rows whose most probable class is the label."""
+    labels = labels.to(probs.device)
     return float((probs.argmax(-1) == labels).to(torch.float64).mean())
 
 
 def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
     """Mean over rows of Σ_k (P_k − 1[k = y])²."""
     p = probs.to(torch.float64)
-    onehot = torch.nn.functional.one_hot(labels, p.shape[-1]).to(torch.float64)
+    onehot = torch.nn.functional.one_hot(labels.to(p.device), p.shape[-1]).to(torch.float64)
     return float((p - onehot).square().sum(-1).mean())
 
 
@@ -43,16 +44,17 @@ def ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> floa
     """Expected calibration error with ``bins`` equal-width confidence bins (lo, hi]."""
     p = probs.to(torch.float64)
     conf, pred = p.max(-1)
-    correct = (pred == labels).to(torch.float64)
+    correct = (pred == labels.to(p.device)).to(torch.float64)
     idx = (torch.ceil(conf * bins).long() - 1).clamp_(0, bins - 1)
-    acc_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, correct)
-    conf_sum = torch.zeros(bins, dtype=torch.float64).index_add_(0, idx, conf)
+    acc_sum = p.new_zeros(bins).index_add_(0, idx, correct)
+    conf_sum = p.new_zeros(bins).index_add_(0, idx, conf)
     return float((acc_sum - conf_sum).abs().sum() / p.shape[0])
 
 
 def nll(log_probs: torch.Tensor, labels: torch.Tensor) -> tuple[float, float]:
     r"""(mean, sum) of $-\log P_{m, y_m}$, from log-probabilities."""
-    lp = log_probs.to(torch.float64).gather(-1, labels.view(-1, 1)).squeeze(-1)
+    lp = log_probs.to(torch.float64)
+    lp = lp.gather(-1, labels.to(lp.device).view(-1, 1)).squeeze(-1)
     return float(-lp.mean()), float(-lp.sum())
 
 
@@ -62,6 +64,7 @@ def predictive_metrics(
     """accuracy, brier, ece (over ``ece_bins`` bins), nll_mean and nll_sum of a predictive
     given as log-probabilities."""
     probs = log_probs.to(torch.float64).exp()
+    labels = labels.to(probs.device)
     nll_mean, nll_sum = nll(log_probs, labels)
     return {
         "accuracy": accuracy(probs, labels),
@@ -114,7 +117,7 @@ def wasserstein1_marginals(samples: torch.Tensor, reference: torch.Tensor) -> to
     W₁ = ∫ |F₁(x) − F₂(x)| dx, integrated exactly over the merged sorted support.
     """
     a = samples.to(torch.float64).T.contiguous().sort(-1).values  # (d, n1)
-    b = reference.to(torch.float64).T.contiguous().sort(-1).values  # (d, n2)
+    b = reference.to(a.device, torch.float64).T.contiguous().sort(-1).values  # (d, n2)
     allv = torch.cat([a, b], -1).sort(-1).values
     deltas = allv.diff(dim=-1)
     pts = allv[:, :-1].contiguous()
@@ -142,9 +145,12 @@ def gaussian_w2_sq(m1, cov1, m2, cov2) -> torch.Tensor:
     - 2 (\Sigma_2^{1/2} \Sigma_1 \Sigma_2^{1/2})^{1/2}\right).
     $$
     """
-    m1, m2 = torch.as_tensor(m1, dtype=torch.float64), torch.as_tensor(m2, dtype=torch.float64)
-    c1 = torch.as_tensor(cov1, dtype=torch.float64)
-    c2 = torch.as_tensor(cov2, dtype=torch.float64)
+    # On the device of the first tensor given (the samples' statistics), references too.
+    given = [x for x in (m1, cov1, m2, cov2) if isinstance(x, torch.Tensor)]
+    device = given[0].device if given else torch.device("cpu")
+    m1, m2 = (torch.as_tensor(x, dtype=torch.float64, device=device) for x in (m1, m2))
+    c1 = torch.as_tensor(cov1, dtype=torch.float64, device=device)
+    c2 = torch.as_tensor(cov2, dtype=torch.float64, device=device)
     r2 = _sqrtm_psd(c2)
     cross = _sqrtm_psd(r2 @ c1 @ r2)
     trace = torch.diagonal(c1 + c2 - 2.0 * cross, dim1=-2, dim2=-1).sum(-1)

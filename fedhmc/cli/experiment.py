@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import inspect
+import os
 import time
 from pathlib import Path
 
@@ -47,6 +48,12 @@ def add_experiment_command(sub) -> None:
     p.add_argument(
         "--data-dir", help="directory holding the dataset files (sets FEDHMC_DATA for the run)"
     )
+    p.add_argument(
+        "--device",
+        help="torch device of the experiments that run on data (fmnist-*, kmnist, cifar2, "
+        "participation, paper-fmnist-*): cpu, cuda, cuda:N or mps; their cells share it "
+        "(default: cpu)",
+    )
     p.add_argument("--quiet", action="store_true", help="no progress bars and no table")
     add_threads_option(p)
     p.set_defaults(func=cmd_experiment)
@@ -81,6 +88,8 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             raise ConfigError(f"{args.name} has no --full budget; drop --full")
     if args.neighbour_eta and "neighbour_eta" not in inspect.signature(fn).parameters:
         raise ConfigError(f"{args.name} tunes no η per row; drop --neighbour-eta")
+    if args.device is not None:
+        _check_experiment_device(args.name, args.device)
     if args.data_dir and not Path(args.data_dir).expanduser().is_dir():
         raise ConfigError(
             f"--data-dir {args.data_dir}: no such folder; give the folder of the files"
@@ -91,9 +100,11 @@ def cmd_experiment(args: argparse.Namespace) -> int:
     except OSError as e:
         raise ConfigError(f"--out {out} is not writable ({e.strerror}); choose another") from None
     if args.data_dir:
-        import os
-
         os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
+    if args.device is not None:
+        from fedhmc.sweep.cells import DEVICE_ENV
+
+        os.environ[DEVICE_ENV] = args.device
     set_default_threads(args.threads)
     set_quiet(args.quiet)
     kwargs = {"quick": args.quick, "seed": args.seed}
@@ -112,3 +123,23 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             print("  ".join(f"{fmt(r.get(k, '')):>12}" for k in keys))
     print(f"files in {out}")
     return 0
+
+
+def _check_experiment_device(name: str, device: str) -> None:
+    """Refuse, in one line, a device that experiment ``name`` cannot use or this machine
+    lacks."""
+    from fedhmc.experiments import DEVICE_EXPERIMENTS
+    from fedhmc.runtime.config import check_device
+
+    if name == "delayed-sgld":
+        if device != "cpu":
+            raise ConfigError(
+                "delayed SGLD's workers share their chains in CPU memory and run on the CPU "
+                f"by design; drop --device {device}"
+            )
+        return
+    if name not in DEVICE_EXPERIMENTS and device != "cpu":
+        raise ConfigError(
+            f"{name} runs small closed-form targets on the CPU; drop --device {device}"
+        )
+    check_device(device)

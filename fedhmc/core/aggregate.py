@@ -35,7 +35,8 @@ def weighted_average(positions: torch.Tensor, weights: torch.Tensor) -> torch.Te
 def combine(positions: torch.Tensor, coefficients: torch.Tensor) -> torch.Tensor:
     """Σ_c a_c θ^(c) with the coefficients (N,) as given (not renormalised): the average of
     a round whose scheme fixes its own coefficients (partial participation)."""
-    return torch.einsum("...nd,n->...d", positions, coefficients.to(positions.dtype))
+    a = coefficients.to(positions.device, positions.dtype)
+    return torch.einsum("...nd,n->...d", positions, a)
 
 
 class ReplyError(ValueError):
@@ -89,7 +90,7 @@ def validate_reply(
     for key in keys:
         if key not in arrays:
             raise ReplyError(f"missing array {key!r}")
-        t = torch.as_tensor(arrays[key])
+        t = torch.as_tensor(arrays[key], device="cpu")  # a wire array: checked where it lands
         if tuple(t.shape) != tuple(shape):
             raise ReplyError(f"array {key!r} has shape {tuple(t.shape)}, expected {tuple(shape)}")
         if t.dtype != dtype:

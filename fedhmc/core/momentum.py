@@ -59,6 +59,7 @@ def draw_momentum(
         p.add_(xi.unsqueeze(1), alpha=math.sqrt(rho))
     if rho < 1.0:
         xi_c = rng.normal(private_keys, iteration, dim, dtype)
-        scale = torch.sqrt((1.0 - rho) / weights.to(torch.float64)).to(dtype)
+        w = weights.to(p.device, torch.float64)
+        scale = torch.sqrt((1.0 - rho) / w).to(dtype)
         p.addcmul_(xi_c, scale.view(1, N, 1))
     return p

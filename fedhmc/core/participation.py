@@ -40,10 +40,19 @@ def draw(seed: int, round_: int, weights: torch.Tensor, size: int, scheme: str) 
     """The clients that round ``round_`` of run ``seed`` draws, and their coefficients.
 
     ``weights`` (N,) are the clients' w_c (or n_c: only their ratios matter); ``size`` is S.
+    The draw is made on the CPU (a few numbers, and the same bits on every device) and
+    returned on the device of ``weights``.
     """
     if scheme not in SCHEMES:
         raise ValueError(f"participation scheme must be one of {', '.join(SCHEMES)}")
-    w = torch.as_tensor(weights, dtype=torch.float64).cpu()
+    device = weights.device if isinstance(weights, torch.Tensor) else torch.device("cpu")
+    w = torch.as_tensor(weights, dtype=torch.float64, device="cpu")
+    d = _draw_cpu(seed, round_, w, size, scheme)
+    return Draw(d.clients.to(device), d.coefficients.to(device))
+
+
+def _draw_cpu(seed: int, round_: int, w: torch.Tensor, size: int, scheme: str) -> Draw:
+    """`draw` with the weights (N,) on the CPU, in float64."""
     N = int(w.shape[0])
     if not 1 <= size <= N:
         raise ValueError(f"clients per round must be in 1 … {N}, got {size}")
@@ -56,7 +65,7 @@ def draw(seed: int, round_: int, weights: torch.Tensor, size: int, scheme: str) 
         clients, counts = torch.unique(picks, sorted=True, return_counts=True)
         return Draw(clients, counts.to(torch.float64) / size)
     if size == N:
-        clients = torch.arange(N)
+        clients = torch.arange(N, device=w.device)
     else:
         order = torch.argsort(rng.uniform(key, 0, N)[0])
         clients = torch.sort(order[:size]).values

@@ -101,8 +101,8 @@ def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
     """
     if not isinstance(key, torch.Tensor) and not any(isinstance(p, torch.Tensor) for p in parts):
         # Python ints only: the same hash in plain integers (a few microseconds instead of a
-        # dozen tensor operations per part).
-        return torch.tensor(_signed(_derive_ints(key, parts)), dtype=torch.int64)
+        # dozen tensor operations per part). A 0-d CPU key combines with keys on any device.
+        return torch.tensor(_signed(_derive_ints(key, parts)), dtype=torch.int64, device="cpu")
     tensors = [x for x in (key, *parts) if isinstance(x, torch.Tensor)]
     if all(t.device.type == "cpu" for t in tensors):
         shape = torch.broadcast_shapes(*(t.shape for t in tensors))
@@ -112,9 +112,16 @@ def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
         if k.shape != tuple(shape):
             k = np.broadcast_to(k, shape).copy() if shape else k.reshape(())
         return torch.from_numpy(k.view(np.int64))
-    k = key if isinstance(key, torch.Tensor) else torch.tensor(_signed(key), dtype=torch.int64)
+    device = next(t.device for t in tensors if t.device.type != "cpu")
+    if isinstance(key, torch.Tensor):
+        k = key.to(device)
+    else:
+        k = torch.tensor(_signed(key), dtype=torch.int64, device=device)
     for part in parts:
-        p = part if isinstance(part, torch.Tensor) else torch.tensor(_signed(part))
+        if isinstance(part, torch.Tensor):
+            p = part.to(device)
+        else:
+            p = torch.tensor(_signed(part), dtype=torch.int64, device=device)
         k = _mix(k ^ _mix(p.to(torch.int64) + _GOLDEN_S))
     return k
 

@@ -132,6 +132,23 @@ EXPERIMENTS.update(
 )
 
 
+DEVICE_EXPERIMENTS = frozenset(
+    {
+        "fmnist-K",
+        "fmnist-T",
+        "fmnist-mlp",
+        "fmnist-cnn",
+        "kmnist",
+        "cifar2",
+        "participation",
+        *(name for name in EXPERIMENTS if name.startswith("paper-fmnist")),
+    }
+)
+"""The experiments that run on data through run cells, and so on ``--device`` (the
+others run small closed-form or simulated targets on the CPU; participation's Gaussian
+part too)."""
+
+
 DURATIONS: dict[str, tuple[str, str | None]] = {
     # name: (default budget, --full budget, or None when there is none), on 2 CPU cores,
     # as measured for the results pages (the --full paper figures: their cells' wall time

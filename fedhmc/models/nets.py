@@ -133,7 +133,8 @@ class LogisticRegression:
     def linear_init_bounds(self) -> torch.Tensor:
         """Per-parameter bound b of PyTorch's default ``nn.Linear`` initialisation,
         U(−b, b) with b = 1/√fan_in for weights and bias alike: (D,)."""
-        return torch.full((self.dim,), 1.0 / math.sqrt(self.num_features))
+        # Initial positions are drawn on the CPU (the same bits everywhere), then moved.
+        return torch.full((self.dim,), 1.0 / math.sqrt(self.num_features), device="cpu")
 
 
 class MLP:
@@ -178,7 +179,7 @@ class MLP:
         parts = []
         for shape in self.shapes.values():
             fan = float(shape[-1]) if len(shape) > 1 else math.inf
-            parts.append(torch.full((math.prod(shape),), fan))
+            parts.append(torch.full((math.prod(shape),), fan, device="cpu"))  # init: CPU
         return torch.cat(parts)
 
     def linear_init_bounds(self) -> torch.Tensor:
@@ -188,7 +189,7 @@ class MLP:
         for shape in self.shapes.values():
             if len(shape) > 1:
                 fan = float(shape[-1])
-            parts.append(torch.full((math.prod(shape),), 1.0 / math.sqrt(fan)))
+            parts.append(torch.full((math.prod(shape),), 1.0 / math.sqrt(fan), device="cpu"))
         return torch.cat(parts)
 
     def _unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
@@ -266,7 +267,7 @@ def _linear_model_init(model, kind: str, keys: torch.Tensor, dtype, auto: str) -
     if kind == "auto":
         kind = auto
     if kind == "zeros":
-        return torch.zeros(keys.shape[0], dim, dtype=dtype)
+        return torch.zeros(keys.shape[0], dim, dtype=dtype, device=keys.device)
     if kind == "normal":
         return rng.normal(keys, 0, dim, dtype)
     if kind == "he":

@@ -136,8 +136,10 @@ class DataTarget:
     def _pad(self) -> tuple[torch.Tensor, torch.Tensor]:
         padded = self._store.get("padded")
         if padded is None:
-            X = torch.zeros(self.num_clients, self._n_max, *self.feature_shape, dtype=self.dtype)
-            y = torch.zeros(self.num_clients, self._n_max, dtype=torch.int64)
+            # Data loading: padded on the CPU, where the clients' parts are, then moved once.
+            shape = (self.num_clients, self._n_max, *self.feature_shape)
+            X = torch.zeros(shape, dtype=self.dtype, device="cpu")
+            y = torch.zeros(self.num_clients, self._n_max, dtype=torch.int64, device="cpu")
             for c, (Xc, yc) in enumerate(self._parts):
                 X[c, : yc.shape[0]] = self.model.prepare(Xc.to(self.dtype))
                 y[c, : yc.shape[0]] = yc.to(torch.int64)
@@ -183,7 +185,7 @@ class DataTarget:
         global n): what the drawn clients of a round compute, and nothing for the others."""
         return DataTarget(
             self.model,
-            [self._parts[int(c)] for c in clients],
+            [self._parts[c] for c in _ids(clients)],
             self.batch_size,
             self.prior_std,
             num_total=self.num_total,
@@ -393,7 +395,7 @@ class GaussianTarget:
         self.variances = torch.as_tensor(variances, dtype=torch.float64, device=self.device)
         self.num_clients = int(self.means.shape[0])
         if weights is None:
-            weights = torch.full((self.num_clients,), 1.0 / self.num_clients)
+            weights = torch.full((self.num_clients,), 1.0 / self.num_clients, device=self.device)
         w = torch.as_tensor(weights, dtype=torch.float64, device=self.device)
         self.weights = w / w.sum()
         self.dim = int(dim)
@@ -405,7 +407,7 @@ class GaussianTarget:
 
     def subset(self, clients) -> GaussianTarget:
         """The clients ``clients`` (ids, in the order given), with their global weights."""
-        idx = torch.as_tensor([int(c) for c in clients], dtype=torch.int64, device=self.device)
+        idx = torch.as_tensor(_ids(clients), dtype=torch.int64, device=self.device)
         t = GaussianTarget(
             self.means[idx], self.variances[idx], self.dim, dtype=self.dtype, device=self.device
         )
@@ -446,3 +448,10 @@ def hetero_gaussian(
     means = [20.0] * first + [1.0] * (num_clients - first)
     variances = [1.0] * first + [2.0] * (num_clients - first)
     return GaussianTarget(means, variances, dim, dtype=dtype, device=device)
+
+
+def _ids(clients) -> list[int]:
+    """Client ids as Python ints (a tensor's in one transfer, not one per client)."""
+    if isinstance(clients, torch.Tensor):
+        return [int(c) for c in clients.tolist()]
+    return [int(c) for c in clients]

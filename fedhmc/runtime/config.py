@@ -271,6 +271,11 @@ class RunConfig:
     dtype: str = _f("float32", "floating-point type of the positions", choices=DTYPES)
     device: str = _f("cpu", "torch device (cpu, cuda, cuda:1, …)")
     backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
+    client_gpus: float | None = _f(
+        None,
+        "Flower simulation with --device cuda: the share of a GPU that each simulated client "
+        "asks Ray for, in (0, 1] (default: 1, all co-located clients share one GPU)",
+    )
     # Flower
     round_timeout: float = _f(600.0, "Flower: seconds to wait for the clients' replies in a round")
     straggler_factor: float = _f(
@@ -686,8 +691,22 @@ class RunConfig:
             f"--burn-in {bi} leaves no round to sample in --rounds {self.rounds}; "
             f"use --burn-in below {self.rounds}",
         )
+        cg = self.client_gpus
+        need(
+            cg is None or (math.isfinite(cg) and 0 < cg <= 1),
+            f"--client-gpus must be a share of one GPU in (0, 1], got {cg}",
+        )
         if self.device != "cpu":
-            _check_device(self.device)
+            check_device(self.device)
+        need(
+            cg is None or self.backend == "flower",
+            "--client-gpus sets the GPU share of Flower's simulated clients; "
+            "add --backend flower or drop it",
+        )
+        need(
+            cg is None or self.device.startswith("cuda"),
+            "--client-gpus gives Flower's clients a share of a GPU; add --device cuda or drop it",
+        )
         need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
         need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
         need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
@@ -775,7 +794,7 @@ class RunConfig:
         return os.path.join("runs", f"{stamp}-{self.dataset}")
 
 
-def _check_device(device: str) -> None:
+def check_device(device: str) -> None:
     """A one-line error for a device that this machine does not have."""
     import torch
 

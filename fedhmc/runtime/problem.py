@@ -293,7 +293,8 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     S = cfg.chains
     dtype = torch_dtype(cfg)
     init = cfg.init or "auto"
-    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S))
+    # Drawn on the CPU and then moved: the same start on every device.
+    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S, device="cpu"))
     if model is None:  # a synthetic target: no layers
         if init == "normal":
             return rng.normal(keys, 0, dim, dtype).to(device)

@@ -82,23 +82,33 @@ def encode_message(cfg: RunConfig, message: fahmc.Broadcast, num_total: int) -> 
     if message.anchor_round is not None:
         config["anchor-round"] = int(message.anchor_round)
     if message.clients is not None:  # partial participation: the round's drawn clients
-        config["round-clients"] = [int(c) for c in message.clients]
-    arrays = {k: getattr(message, f) for k, f in ARRAYS.items() if getattr(message, f) is not None}
+        config["round-clients"] = [int(c) for c in message.clients.tolist()]
+    # The wire carries CPU arrays, whatever device the server computes on.
+    arrays = {
+        k: getattr(message, f).detach().cpu()
+        for k, f in ARRAYS.items()
+        if getattr(message, f) is not None
+    }
     return config, arrays
 
 
-def decode_message(config: dict, arrays: dict, dtype) -> fahmc.Broadcast:
-    """The Broadcast a round's (settings, arrays) carry, its arrays as tensors of ``dtype``."""
+def decode_message(config: dict, arrays: dict, dtype, device="cpu") -> fahmc.Broadcast:
+    """The Broadcast a round's (settings, arrays) carry, its arrays as tensors of ``dtype``
+    on ``device`` (the client's)."""
     import torch
 
-    tensors = {f: torch.as_tensor(arrays[k]).to(dtype) for k, f in ARRAYS.items() if k in arrays}
+    tensors = {
+        f: torch.as_tensor(arrays[k], device=device).to(dtype)
+        for k, f in ARRAYS.items()
+        if k in arrays
+    }
     anchor_round = config.get("anchor-round") if "anchor" in arrays else None
     clients = config.get("round-clients")  # partial participation (not the coefficients)
     return fahmc.Broadcast(
         round=int(config["round"]),
         round_seed=int(config["round-seed"]),
         anchor_round=None if anchor_round is None else int(anchor_round),
-        clients=torch.tensor([int(c) for c in clients]) if clients else None,
+        clients=torch.tensor([int(c) for c in clients], device=device) if clients else None,
         **tensors,
     )
 

@@ -81,7 +81,9 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
     """Run one cell into ``cell_dir``; returns ``{"status": ..., "error": ...}``.
 
     Top level so that worker processes can run it. Errors do not propagate: a failed
-    cell is a result. ``threads`` sets torch's intra-op threads for the run.
+    cell is a result. ``threads`` sets torch's intra-op threads for the run. A cell whose
+    settings name no device runs on ``$FEDHMC_DEVICE`` when it is set (what
+    ``fedhmc experiment --device`` sets; worker processes inherit it).
     """
     import torch
 
@@ -98,6 +100,9 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
         from fedhmc.runtime.engine import prepare, resume_or_replace
 
         cell = {**settings, "out": cell_dir}
+        device = os.environ.get(DEVICE_ENV)
+        if device and "device" not in cell:
+            cell["device"] = device
         if cell.get("tensorboard"):  # one TensorBoard run per cell
             cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
         cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
@@ -123,6 +128,9 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
 
 _PARENT: int | None = None
 """In a worker process: the pid of the sweep that started it."""
+
+DEVICE_ENV = "FEDHMC_DEVICE"
+"""The environment variable naming the device of cells whose settings name none."""
 
 
 def _init_worker(threads: int) -> None:

@@ -130,6 +130,15 @@ def cell_id(settings: dict, cell: dict) -> str:
     return f"{prefix}-{digest}" if prefix else digest
 
 
-RUN_ONLY_KEYS = ("out", "resume", "overwrite", "checkpoint_every", *RECORDED_ONLY)
+RUN_ONLY_KEYS = (
+    "out",
+    "resume",
+    "overwrite",
+    "checkpoint_every",
+    "device",
+    "client_gpus",
+    *RECORDED_ONLY,
+)
 """Settings that say how a run is carried out, not what it computes (and what
-``config.json`` records beside the settings)."""
+``config.json`` records beside the settings). The device is one: the chain's random
+numbers are the same on every device, so a cell finished on a GPU is not rerun on a CPU."""

@@ -64,6 +64,11 @@ def run_delayed(
     Raises `NonFiniteError` if the chains diverge.
     """
     s = settings.validate()
+    if x0 is not None and x0.device.type != "cpu":
+        raise ConfigError(
+            f"delayed SGLD's workers share X in CPU memory and run on the CPU by design; "
+            f"give x0 on the CPU, not on {x0.device}"
+        )
     ctx = torch.multiprocessing.get_context(s.start_method)
     P, R, d = s.workers, s.chains, problem.dim
     slots = s.iterations // s.record_every
