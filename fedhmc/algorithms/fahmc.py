@@ -599,6 +599,9 @@ def client_update(
     chains = torch.arange(S, device=theta_bar.device)
     shared, private = round_keys(message.round_seed, seeds, message.round, chains)
     reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
+    graphs = getattr(target, "graphs", None)
+    if graphs is not None and not reshuffle and not settings.leapfrog_sync:
+        return _graphed_round(graphs, message, target, settings, shared, private, correction)
     return local_iterations(
         target,
         theta_bar.unsqueeze(1).expand(S, M, D),
@@ -610,6 +613,36 @@ def client_update(
         momentum=None if message.momentum is None else message.momentum.unsqueeze(1),
         origin=None if message.origin is None else message.origin.unsqueeze(1),
         reshuffle_keys=data_keys(seeds, chains) if reshuffle else None,
+    )
+
+
+def _graphed_round(graphs, message, target, settings, shared, private, correction):
+    """`local_iterations` of a round of Algorithm 3 through the target's CUDA graphs
+    (``fedhmc.core.graphs``): every such round runs the same kernels, on new keys."""
+    theta_bar = message.position
+    S, D = theta_bar.shape
+    M = int(private.shape[1])
+    r = message.round
+
+    def round_fn(theta_bar, shared, private, correction):
+        u = local_iterations(
+            target,
+            theta_bar.unsqueeze(1).expand(S, M, D),
+            shared,
+            private,
+            settings,
+            correction,
+            round_=r,  # a round of Algorithm 3 does not depend on its number
+        )
+        return u.position, u.energy, u.energy_error
+
+    key = (target, settings, S, M, D, theta_bar.dtype, correction is None)
+    position, energy, energy_error = graphs(key, round_fn, (theta_bar, shared, private, correction))
+    return ClientUpdate(
+        position=position,
+        energy=energy,
+        energy_error=energy_error,
+        grad_evals=settings.evals_in_round(r) * S * M,
     )
 
 

@@ -49,6 +49,15 @@ _M1 = 0xBF58476D1CE4E5B9
 _M2 = 0x94D049BB133111EB
 
 
+_TENSOR_PATH_ON_CPU = False
+"""Tests set this to run the device path (int64 tensor arithmetic) on the CPU."""
+
+
+def _on_host(t: torch.Tensor) -> bool:
+    """Whether ``t``'s hashing runs in NumPy (CPU tensors) rather than in tensor arithmetic."""
+    return t.device.type == "cpu" and not _TENSOR_PATH_ON_CPU
+
+
 def _signed(x: int) -> int:
     """Two's-complement int64 view of an unsigned 64-bit integer."""
     x &= _MASK64
@@ -104,7 +113,7 @@ def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
         # dozen tensor operations per part). A 0-d CPU key combines with keys on any device.
         return torch.tensor(_signed(_derive_ints(key, parts)), dtype=torch.int64, device="cpu")
     tensors = [x for x in (key, *parts) if isinstance(x, torch.Tensor)]
-    if all(t.device.type == "cpu" for t in tensors):
+    if all(_on_host(t) for t in tensors):
         shape = torch.broadcast_shapes(*(t.shape for t in tensors))
         k = _u64_any(key)
         for part in parts:
@@ -112,17 +121,27 @@ def derive(key: int | torch.Tensor, *parts: int | torch.Tensor) -> torch.Tensor:
         if k.shape != tuple(shape):
             k = np.broadcast_to(k, shape).copy() if shape else k.reshape(())
         return torch.from_numpy(k.view(np.int64))
-    device = next(t.device for t in tensors if t.device.type != "cpu")
-    if isinstance(key, torch.Tensor):
-        k = key.to(device)
-    else:
-        k = torch.tensor(_signed(key), dtype=torch.int64, device=device)
+    return _derive_torch(key, parts, next(t.device for t in tensors if not _on_host(t)))
+
+
+def _derive_torch(key, parts, device: torch.device) -> torch.Tensor:
+    """`derive` in int64 tensor arithmetic on ``device``. Python-int components stay
+    Python ints, hashed on the host and met as scalar arguments: no host-to-device copy,
+    so that the derivation can be captured in a CUDA graph."""
+    k = key.to(device) if isinstance(key, torch.Tensor) else int(key) & _MASK64
     for part in parts:
         if isinstance(part, torch.Tensor):
-            p = part.to(device)
+            m = _mix(part.to(device, torch.int64) + _GOLDEN_S)
         else:
-            p = torch.tensor(_signed(part), dtype=torch.int64, device=device)
-        k = _mix(k ^ _mix(p.to(torch.int64) + _GOLDEN_S))
+            m = mix_int((int(part) + _GOLDEN) & _MASK64)
+        if isinstance(k, int) and isinstance(m, int):
+            k = mix_int(k ^ m)
+        elif isinstance(k, int):
+            k = _mix(m ^ _signed(k))
+        else:
+            k = _mix(k ^ (m if isinstance(m, torch.Tensor) else _signed(m)))
+    if isinstance(k, int):  # no tensor among the parts (a tensor key is never an int)
+        k = torch.full((), _signed(k), dtype=torch.int64, device=device)
     return k
 
 
@@ -232,7 +251,7 @@ def uniform(keys: torch.Tensor, hi: int, n: int) -> torch.Tensor:
     Element ``i`` of the draw with index ``hi`` under a given key is the same number
     whatever ``n`` is, so a padded draw agrees with an unpadded one on the common prefix.
     """
-    if keys.device.type == "cpu":
+    if _on_host(keys):
         bits = _keyed_np(keys, _mixed_counters(hi, 1, n)[0])
         return _to_unit(torch.from_numpy(bits.view(np.int64)))
     return _to_unit(_bits(keys.unsqueeze(-1), _counters(hi, n, keys.device)))
@@ -245,7 +264,7 @@ def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tens
     Slice ``j`` equals ``uniform(keys, hi + j, n)`` exactly.
     """
     _check_hi(hi + count - 1)
-    if keys.device.type == "cpu":
+    if _on_host(keys):
         bits = _keyed_np(keys, _mixed_counters(hi, count, n))
         return _to_unit(torch.from_numpy(bits.view(np.int64)))
     first = _counters(hi, n, keys.device)
@@ -256,7 +275,7 @@ def uniform_block(keys: torch.Tensor, hi: int, count: int, n: int) -> torch.Tens
 
 def _to_unit(bits: torch.Tensor) -> torch.Tensor:
     """The top 53 bits of each hash as a float64 in [0, 1)."""
-    if bits.device.type == "cpu":
+    if _on_host(bits):
         top = torch.from_numpy((_u64(bits) >> np.uint64(11)).astype(np.float64))
         return top.mul_(1.0 / (1 << 53))
     return _shr(bits, 11).to(torch.float64) * (1.0 / (1 << 53))
@@ -267,7 +286,7 @@ def normal(keys: torch.Tensor, hi: int, n: int, dtype: torch.dtype = torch.float
 
     Element ``i`` uses the two uniforms at counters ``2i`` and ``2i + 1`` of draw ``hi``.
     """
-    if keys.device.type == "cpu":  # the integer work in NumPy: the same 53-bit integers
+    if _on_host(keys):  # the integer work in NumPy: the same 53-bit integers
         top = np.uint64(11)
         b1 = _keyed_np(keys, _mixed_counters(hi, 1, n, 0)[0])
         b2 = _keyed_np(keys, _mixed_counters(hi, 1, n, 1)[0])

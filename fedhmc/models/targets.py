@@ -62,6 +62,9 @@ class DataTarget:
         [`fedhmc.algorithms.fahmc.data_keys`][fedhmc.algorithms.fahmc.data_keys].
     """
 
+    graphs = None
+    """A `fedhmc.core.graphs.RoundGraphs` that replays the clients' rounds (CUDA), or None."""
+
     def __init__(
         self,
         model,
@@ -379,6 +382,9 @@ class GaussianTarget:
     gradients are exact. The global energy f = Σ_c w_c f^(c) gives the exact posterior
     N(m 1_d, v I) with 1/v = Σ_c w_c / s_c² and m = v Σ_c w_c μ_c / s_c².
     """
+
+    graphs = None
+    """A `fedhmc.core.graphs.RoundGraphs` that replays the clients' rounds (CUDA), or None."""
 
     def __init__(
         self,

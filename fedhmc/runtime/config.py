@@ -271,6 +271,12 @@ class RunConfig:
     dtype: str = _f("float32", "floating-point type of the positions", choices=DTYPES)
     device: str = _f("cpu", "torch device (cpu, cuda, cuda:1, …)")
     backend: str = _f("engine", "engine (in-process, batched) or flower", choices=BACKENDS)
+    cuda_graphs: bool | None = _f(
+        None,
+        "capture each round's local iterations in a CUDA graph and replay it (default: on "
+        "with --device cuda; Algorithm 3's rounds on every client; the chain is the same "
+        "either way)",
+    )
     client_gpus: float | None = _f(
         None,
         "Flower simulation with --device cuda: the share of a GPU that each simulated client "
@@ -482,6 +488,9 @@ class RunConfig:
             chains=d["chains"] if chains is None else chains,
             dim=d["dim"] if self.dim is None else self.dim,
             burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
+            cuda_graphs=(
+                self.device.startswith("cuda") if self.cuda_graphs is None else self.cuda_graphs
+            ),
             scaling=(
                 ("none" if self.dataset == "blr-synthetic" or not builtin else "standardize")
                 if self.scaling is None
@@ -690,6 +699,10 @@ class RunConfig:
             bi is None or bi < self.rounds,
             f"--burn-in {bi} leaves no round to sample in --rounds {self.rounds}; "
             f"use --burn-in below {self.rounds}",
+        )
+        need(
+            not self.cuda_graphs or self.device.startswith("cuda"),
+            f"--cuda-graphs needs --device cuda (this run is on {self.device}); drop it",
         )
         cg = self.client_gpus
         need(

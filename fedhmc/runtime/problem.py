@@ -20,6 +20,7 @@ from fedhmc.analysis.metrics import (
     predictive_metrics,
 )
 from fedhmc.core import rng
+from fedhmc.core.graphs import RoundGraphs
 from fedhmc.errors import ConfigError
 from fedhmc.models import nets
 from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
@@ -46,7 +47,7 @@ class PredictiveEvaluator:
         self.model = model
         self.ece_bins = int(ece_bins)
         self.X = model.prepare(X_test)
-        self.y = y_test
+        self.y = y_test.to(self.X.device)  # the labels where the predictive is computed
         self.bma = BMAPredictive()
 
     def __call__(self, theta_bar: torch.Tensor, collect: bool) -> dict[str, float]:
@@ -83,7 +84,8 @@ class PredictiveEvaluator:
 
     def load_state_dict(self, state: dict) -> None:
         self.bma.count = int(state["count"])
-        self.bma.log_probs = state["log_probs"]
+        lp = state["log_probs"]  # saved on the CPU: back to where the predictive is computed
+        self.bma.log_probs = None if lp is None else lp.to(self.X.device)
 
 
 class GaussianEvaluator:
@@ -211,9 +213,13 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
         if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy f
             post = target.posterior()
             target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
+        elif cfg.cuda_graphs:
+            target.graphs = RoundGraphs()
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, None, device)
+    if cfg.cuda_graphs:  # the clients' rounds replayed from CUDA graphs (all clients')
+        target.graphs = RoundGraphs()
     model = target.model
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15

@@ -137,6 +137,7 @@ RUN_ONLY_KEYS = (
     "checkpoint_every",
     "device",
     "client_gpus",
+    "cuda_graphs",
     *RECORDED_ONLY,
 )
 """Settings that say how a run is carried out, not what it computes (and what

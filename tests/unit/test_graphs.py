@@ -1,0 +1,280 @@
+"""CUDA graphs, checked on the CPU.
+
+A CUDA graph replays the kernels recorded from one call, so a round may be captured only
+if (1) it reads nothing back to the host and copies nothing from it (capture forbids
+both), and (2) every value that changes between rounds is an input. Both are properties
+of the code, not of the GPU: here the device path of the random numbers runs on the CPU
+(int64 tensor arithmetic instead of NumPy, the same bits), a dispatch mode refuses every
+host synchronisation and host-to-device copy, and an eager stand-in for the graph replays
+the captured function on static copies of its inputs, as a graph does.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import pytest
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from fedhmc.algorithms import debiased, fahmc
+from fedhmc.core import rng
+from fedhmc.core.graphs import RoundGraphs
+from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.problem import build_problem, initial_position
+
+FORBIDDEN = {
+    "aten._local_scalar_dense.default": "reads a value back to the host (item, float, bool)",
+    "aten.lift_fresh.default": "copies host data to the device (torch.tensor of Python data)",
+    "aten.equal.default": "torch.equal synchronises",
+    "aten.nonzero.default": "nonzero has a data-dependent shape",
+    "aten.is_nonzero.default": "bool(tensor) synchronises",
+    "aten.masked_select.default": "masked_select has a data-dependent shape",
+}
+
+
+class HostSyncError(AssertionError):
+    pass
+
+
+class NoHostSync(TorchDispatchMode):
+    """Refuses what a CUDA graph capture refuses."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        why = FORBIDDEN.get(str(func))
+        if why is not None:
+            raise HostSyncError(f"{func}: {why}")
+        return func(*args, **(kwargs or {}))
+
+
+@contextlib.contextmanager
+def device_path():
+    """The random numbers' device path (tensor arithmetic) on the CPU."""
+    old = rng._TENSOR_PATH_ON_CPU
+    rng._TENSOR_PATH_ON_CPU = True
+    try:
+        yield
+    finally:
+        rng._TENSOR_PATH_ON_CPU = old
+
+
+class EagerReplay:
+    """A stand-in for `fedhmc.core.graphs.CudaGraph` on the CPU: ``fn`` on static copies
+    of the inputs, under the capture's restrictions."""
+
+    captures = 0
+
+    def __init__(self, fn, inputs):
+        EagerReplay.captures += 1
+        self.fn = fn
+        self.static = tuple(None if x is None else x.clone() for x in inputs)
+        with NoHostSync():
+            self.out = fn(*self.static)
+
+    def replay(self, inputs):
+        for s, x in zip(self.static, inputs, strict=True):
+            if s is not None:
+                s.copy_(x)
+        with NoHostSync():
+            self.out = self.fn(*self.static)
+        return tuple(None if o is None else o.clone() for o in self.out)
+
+
+# ------------------------------------------------------------------ the random numbers
+
+
+@pytest.mark.parametrize(
+    "draw",
+    [
+        lambda k: rng.derive(k, 3, torch.arange(4).view(-1, 1, 1)),
+        lambda k: rng.derive(2**64 - 5, k, 7),
+        lambda k: rng.derive(11, torch.arange(3)),
+        lambda k: rng.uniform(k, 9, 33),
+        lambda k: rng.uniform_block(k, 2, 4, 33),
+        lambda k: rng.normal(k, 5, 17, torch.float64),
+        lambda k: rng.normal(k, 5, 17, torch.float32),
+    ],
+)
+def test_the_device_path_draws_the_host_paths_bits(draw):
+    keys = torch.tensor([[0, -1, 2**62, 12345]], dtype=torch.int64)
+    host = draw(keys)
+    with device_path():
+        dev = draw(keys)
+    assert host.dtype == dev.dtype and host.shape == dev.shape
+    assert torch.equal(host, dev)
+
+
+def test_the_device_path_copies_nothing_from_the_host():
+    keys = torch.tensor([3, 4], dtype=torch.int64)
+    with device_path(), NoHostSync():
+        k = rng.derive(keys, rng.STREAM_MOMENTUM, 5)
+        rng.normal(k, 3, 8)
+        rng.uniform_block(k, 1, 2, 8)
+    with NoHostSync(), pytest.raises(HostSyncError, match="lift_fresh"):
+        torch.tensor([1, 2])  # the guard itself bites
+
+
+# ------------------------------------------------------------------ a round is capturable
+
+
+def _problem(**over):
+    base = dict(
+        dataset="digits",
+        num_clients=4,
+        partition="iid",
+        local_steps=2,
+        leapfrog_steps=3,
+        batch_size=16,
+        chains=2,
+        rounds=4,
+        burn_in=0,
+        dtype="float64",
+    )
+    cfg = RunConfig.from_mapping({**base, **over}).resolve()
+    problem = build_problem(cfg)
+    theta = initial_position(problem.model, problem.dim, cfg)
+    return cfg, problem, theta
+
+
+def _settings(cfg, module=fahmc, **extra):
+    return module.Settings(
+        step_size=cfg.step_size,
+        leapfrog_steps=cfg.leapfrog_steps,
+        local_steps=cfg.local_steps,
+        rho=cfg.rho,
+        grad_noise=cfg.grad_noise,
+        **extra,
+    )
+
+
+CASES = [
+    {"model": "logistic"},
+    {"model": "mlp", "hidden": "8"},
+    {"model": "cnn"},
+    {"model": "logistic", "batch_size": 0},  # full batch
+    {"model": "logistic", "grad_noise": 0.1},
+    {"dataset": "gaussian-hetero", "dim": 3, "grad_noise": 0.5},
+]
+
+
+@pytest.mark.parametrize("over", CASES, ids=lambda o: "-".join(f"{k}={v}" for k, v in o.items()))
+def test_a_round_of_algorithm3_reads_nothing_back(over):
+    cfg, problem, theta = _problem(**over)
+    settings = _settings(cfg)
+    state = fahmc.init(theta, settings)
+    target = problem.target
+    with device_path():
+        message = fahmc.broadcast(cfg.seed, state, settings)
+        seeds = fahmc.client_seeds(cfg.seed, target.num_clients)
+        chains = torch.arange(theta.shape[0])
+        shared, private = fahmc.round_keys(message.round_seed, seeds, message.round, chains)
+        expand = theta.unsqueeze(1).expand(-1, target.num_clients, -1)
+        fahmc.local_iterations(target, expand, shared, private, settings)  # warm-up
+        with NoHostSync():
+            u = fahmc.local_iterations(target, expand, shared, private, settings)
+    assert torch.isfinite(u.position).all()
+
+
+def _run(cfg, problem, theta, settings, graphs, rounds, module=fahmc):
+    problem.target.graphs = graphs
+    state = module.init(theta, settings)
+    out = []
+    with device_path():
+        for _ in range(rounds):
+            state, info = module.step(cfg.seed, state, problem.target, settings)
+            out.append((state.position.clone(), info.energy.clone(), info.energy_error.clone()))
+    problem.target.graphs = None
+    return out
+
+
+@pytest.mark.parametrize("over", CASES[:3] + CASES[5:], ids=lambda o: str(o.get("model", "g")))
+def test_replayed_rounds_give_the_eager_chain(over):
+    cfg, problem, theta = _problem(**over)
+    settings = _settings(cfg)
+    eager = _run(cfg, problem, theta, settings, None, 5)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = _run(cfg, problem, theta, settings, graphs, 5)
+    assert graphs.off is None and graphs.replays == 3  # rounds 3, 4, 5
+    for a, b in zip(eager, replayed, strict=True):
+        for x, y in zip(a, b, strict=True):
+            assert torch.equal(x, y)
+
+
+def test_debiased_rounds_replay_with_their_correction():
+    cfg, problem, theta = _problem(algorithm="fahmc-debiased")
+    settings = _settings(cfg, debiased)
+    eager = _run(cfg, problem, theta, settings, None, 5, debiased)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = _run(cfg, problem, theta, settings, graphs, 5, debiased)
+    # Round 1 has no correction (its own kind), rounds 2… do: rounds 4 and 5 are replays.
+    assert graphs.off is None and graphs.replays == 2
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_partial_participation_and_the_authors_protocol_run_eagerly():
+    cfg, problem, theta = _problem(num_clients=6, clients_per_round=3)
+    graphs = RoundGraphs(capture=EagerReplay)
+    _run(cfg, problem, theta, _settings(cfg, clients_per_round=3), graphs, 3)
+    assert graphs.replays == 0  # a round's clients change: its target is a new subset
+    cfg, problem, theta = _problem()
+    graphs = RoundGraphs(capture=EagerReplay)
+    settings = _settings(cfg, sync_unit="leapfrog", fresh_gradients=True)
+    _run(cfg, problem, theta, settings, graphs, 3)
+    assert graphs.replays == 0
+
+
+# ------------------------------------------------------------------ the bookkeeping
+
+
+def _double(x):
+    return (x * 2.0,)
+
+
+def test_warm_up_capture_and_check_then_replay():
+    EagerReplay.captures = 0
+    graphs = RoundGraphs(capture=EagerReplay)
+    x = torch.arange(3.0)
+    assert torch.equal(graphs("k", _double, (x,))[0], x * 2)  # warm-up: eager
+    assert EagerReplay.captures == 0
+    assert torch.equal(graphs("k", _double, (x + 1,))[0], (x + 1) * 2)  # captured, checked
+    assert EagerReplay.captures == 1 and graphs.replays == 0
+    out = graphs("k", _double, (x + 5,))[0]
+    assert torch.equal(out, (x + 5) * 2) and graphs.replays == 1
+    again = graphs("k", _double, (x,))[0]
+    assert torch.equal(out, (x + 5) * 2), "a replay's output is a copy, not the static buffer"
+    assert torch.equal(again, x * 2)
+
+
+def test_a_failed_capture_turns_the_graphs_off_in_one_line(capsys):
+    def broken(fn, inputs):
+        raise RuntimeError("operation not permitted when stream is capturing\nmore")
+
+    graphs = RoundGraphs(capture=broken)
+    x = torch.ones(2)
+    graphs("k", _double, (x,))
+    assert torch.equal(graphs("k", _double, (x,))[0], x * 2)  # the eager result
+    assert graphs.off.startswith("capture failed (RuntimeError: operation not permitted")
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "CUDA graphs are off" in err
+    assert torch.equal(graphs("k", _double, (x + 1,))[0], (x + 1) * 2)
+
+
+def test_a_replay_that_differs_is_never_used(capsys):
+    class Wrong(EagerReplay):
+        def replay(self, inputs):
+            return tuple(o + 1e-12 for o in super().replay(inputs))
+
+    graphs = RoundGraphs(capture=Wrong)
+    x = torch.ones(2, dtype=torch.float64)
+    graphs("k", _double, (x,))
+    assert torch.equal(graphs("k", _double, (x,))[0], x * 2)
+    assert graphs.off == "a replay differed from the same round computed without it"
+    assert torch.equal(graphs("k", _double, (x,))[0], x * 2)
+    assert "CUDA graphs are off" in capsys.readouterr().err
+
+
+def test_cuda_graphs_default_and_refusal():
+    assert RunConfig().resolve().cuda_graphs is False  # on the CPU
+    with pytest.raises(Exception, match="--cuda-graphs needs --device cuda"):
+        RunConfig(cuda_graphs=True).resolve()
