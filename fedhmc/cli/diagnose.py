@@ -38,7 +38,7 @@ def load_draws(run: Path) -> np.ndarray:
             f"{run} keeps no draws (no samples.npy, none in its checkpoint); run it with "
             "--save-samples"
         )
-    return draws.numpy()
+    return draws.detach().cpu().numpy()
 
 
 def parameter_names(run: Path, dim: int) -> list[str]:

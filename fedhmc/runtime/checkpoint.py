@@ -9,6 +9,12 @@ renamed into place. A ``kill -9`` at any moment therefore leaves at least one co
 checkpoint. A truncated or corrupted file fails its checksum, and `load` falls back
 to the previous one.
 
+A checkpoint does not depend on the device that wrote it: `save` moves every tensor to the
+CPU (in dicts, lists and algorithm States alike) and `load` maps every tensor to the CPU, so
+a run started on a GPU resumes on a CPU and the other way (`to_device` moves what was loaded
+onto the run's device). ``--device`` is the one setting besides ``--rounds`` that a resume
+may change.
+
 Nothing random needs saving: every random number fedhmc draws is a function of the run seed, the
 round and counters ([`fedhmc.core.rng`][fedhmc.core.rng]), so the state is the positions, the
 carried momenta, the streaming accumulators and the round reached.
@@ -33,11 +39,48 @@ NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 
 
+def to_cpu(obj):
+    """``obj`` with every tensor detached and on the CPU: dicts, lists and tuples are walked,
+    and an algorithm's State (a dataclass) becomes its `state_dict`."""
+    import dataclasses
+
+    if isinstance(obj, torch.Tensor):
+        return obj.detach().cpu()
+    if isinstance(obj, dict):
+        return {k: to_cpu(v) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_cpu(v) for v in obj)
+    if dataclasses.is_dataclass(obj) and not isinstance(obj, type):
+        return state_dict(obj)
+    return obj
+
+
+def to_device(obj, device):
+    """``obj`` (as `load` returned it) with every tensor in its dicts, lists and tuples
+    moved to ``device`` (dtypes kept)."""
+    if isinstance(obj, torch.Tensor):
+        return obj.to(device)
+    if isinstance(obj, dict):
+        return {k: to_device(v, device) for k, v in obj.items()}
+    if isinstance(obj, (list, tuple)):
+        return type(obj)(to_device(v, device) for v in obj)
+    return obj
+
+
+def device_name(device) -> str:
+    """A device as checkpoints and notes name it: ``cuda`` is ``cuda:0``, ``cpu`` stays."""
+    dev = torch.device(device)
+    if dev.type != "cpu" and dev.index is None:
+        dev = torch.device(dev.type, 0)
+    return str(dev)
+
+
 def save(run_dir: str | os.PathLike, state: dict) -> Path:
-    """Write ``state`` (plain data and tensors) as the run's newest checkpoint."""
+    """Write ``state`` (plain data and tensors) as the run's newest checkpoint, every tensor
+    moved to the CPU first."""
     run_dir = Path(run_dir)
     buf = io.BytesIO()
-    torch.save(state, buf)
+    torch.save(to_cpu(state), buf)
     payload = buf.getvalue()
     header = {
         "format": FORMAT,
@@ -79,7 +122,7 @@ def _read(path: Path) -> dict:
         raise ValueError(f"truncated ({len(payload)} of {header['bytes']} bytes)")
     if hashlib.sha256(payload).hexdigest() != header["sha256"]:
         raise ValueError("checksum mismatch")
-    state = torch.load(io.BytesIO(payload), weights_only=True)
+    state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
     state["_header"] = header
     state["_file"] = path.name
     return state
@@ -110,8 +153,11 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
     )
 
 
-# Settings that may differ between a checkpoint and the run that continues it.
-RESUMABLE_CHANGES = frozenset({"rounds", "out", "resume", "overwrite", "checkpoint_every"})
+# Settings that may differ between a checkpoint and the run that continues it. The device
+# may change (a run started on a GPU resumes on a CPU): the checkpoint holds CPU tensors.
+RESUMABLE_CHANGES = frozenset(
+    {"rounds", "out", "resume", "overwrite", "checkpoint_every", "device", "client_gpus"}
+)
 
 
 def check_compatible(saved: dict, config: dict, version: str) -> None:
@@ -129,7 +175,7 @@ def check_compatible(saved: dict, config: dict, version: str) -> None:
             flag = "--" + key.replace("_", "-")
             raise ConfigError(
                 f"cannot resume: {flag} was {a!r} in the checkpoint and is {b!r} now; "
-                f"drop {flag} (only --rounds may change) or start a new run"
+                f"drop {flag} (only --rounds and --device may change) or start a new run"
             )
     if int(config["rounds"]) < int(saved.get("_round_reached", 0)):
         raise ConfigError(
@@ -147,22 +193,16 @@ def state_dict(state) -> dict:
     on the CPU. Any State round-trips through ``state_from_dict``."""
     import dataclasses
 
-    def plain(v):
-        if isinstance(v, torch.Tensor):
-            return v.detach().cpu()
-        if dataclasses.is_dataclass(v) and not isinstance(v, type):
-            return state_dict(v)
-        return v
-
     cls = type(state)
     return {
         "type": f"{cls.__module__}.{cls.__qualname__}",
-        "fields": {f.name: plain(getattr(state, f.name)) for f in dataclasses.fields(state)},
+        "fields": {f.name: to_cpu(getattr(state, f.name)) for f in dataclasses.fields(state)},
     }
 
 
-def state_from_dict(saved: dict, cls: type, device="cpu"):
-    """The ``cls`` State that ``state_dict`` saved, its tensors on ``device``."""
+def state_from_dict(saved: dict, cls: type, device=None):
+    """The ``cls`` State that ``state_dict`` saved, its tensors on ``device`` (None: where
+    they are; `load` puts them on the CPU)."""
     name = f"{cls.__module__}.{cls.__qualname__}"
     if not isinstance(saved, dict) or saved.get("type") != name:
         got = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
@@ -173,12 +213,16 @@ def state_from_dict(saved: dict, cls: type, device="cpu"):
 
     def back(v):
         if isinstance(v, torch.Tensor):
-            return v.to(device)
+            return v if device is None else v.to(device)
         if isinstance(v, dict) and "type" in v and "fields" in v:
             import importlib
 
             module, _, qual = v["type"].rpartition(".")
             return state_from_dict(v, getattr(importlib.import_module(module), qual), device)
+        if isinstance(v, dict):
+            return {k: back(x) for k, x in v.items()}
+        if isinstance(v, (list, tuple)):
+            return type(v)(back(x) for x in v)
         return v
 
     return cls(**{k: back(v) for k, v in saved["fields"].items()})

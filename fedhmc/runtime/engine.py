@@ -380,6 +380,10 @@ def _run_locked(
     keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
     start = 1
     if resumed is not None:
+        _note_device_change(cfg, resumed)
+        # The checkpoint's tensors were loaded on the CPU; each goes to the device of the
+        # part of the run that uses it (θ̄ and the backend's state: θ₀'s; the evaluator's
+        # running average: its test data's). The draws and samples stay on the CPU.
         start = int(resumed["round"]) + 1
         theta_bar = resumed["theta_bar"].to(theta0.device, theta0.dtype)
         result.theta_bar = theta_bar
@@ -388,12 +392,14 @@ def _run_locked(
         totals = {k: int(v) for k, v in resumed["totals"].items()}
         keep_draws = bool(resumed["keep_draws"])
         if resumed.get("draws") is not None:
-            draws = list(resumed["draws"].unbind(0))
+            draws = list(resumed["draws"].cpu().unbind(0))
         if resumed.get("samples") is not None:
-            writer.samples = [x.numpy() for x in resumed["samples"].unbind(0)]
-        evaluator.load_state_dict(resumed["evaluator"])
+            writer.samples = [x.cpu().numpy() for x in resumed["samples"].unbind(0)]
+        evaluator.load_state_dict(
+            checkpoint.to_device(resumed["evaluator"], _evaluator_device(evaluator, theta0))
+        )
         if backend_state is not None:
-            backend_state[1](resumed.get("backend") or {})
+            backend_state[1](checkpoint.to_device(resumed.get("backend") or {}, theta0.device))
         result.history = keep
     t0 = time.perf_counter()
 
@@ -406,6 +412,7 @@ def _run_locked(
             {
                 "round": r,
                 "config": cfg.to_dict(),
+                "device": checkpoint.device_name(cfg.device),
                 "theta_bar": theta_bar.detach().cpu(),
                 "grad_evals": grad_evals,
                 "wall_s": wall(),
@@ -573,6 +580,26 @@ def _run_locked(
         if tb is not None:
             tb.close()
     return result
+
+
+def _note_device_change(cfg: RunConfig, resumed: dict) -> None:
+    """One line on stderr when a run continues on another device than the one its
+    checkpoint was written on (``resuming on cpu a run that was saved on cuda:0``)."""
+    from fedhmc.runtime.checkpoint import device_name
+
+    saved = resumed.get("device") or (resumed.get("config") or {}).get("device") or "cpu"
+    try:
+        before, now = device_name(saved), device_name(cfg.device)
+    except (RuntimeError, TypeError, ValueError):
+        before, now = str(saved), str(cfg.device)
+    if before != now:
+        print(f"fedhmc: resuming on {now} a run that was saved on {before}", file=sys.stderr)
+
+
+def _evaluator_device(evaluator, theta0: torch.Tensor) -> torch.device:
+    """Where the evaluator keeps its tensors: its test inputs' device, else θ₀'s."""
+    X = getattr(evaluator, "X", None)
+    return X.device if isinstance(X, torch.Tensor) else theta0.device
 
 
 DIAGNOSTICS_MAX_VALUES = 20_000_000

@@ -15,8 +15,20 @@ import os
 from pathlib import Path
 
 import numpy as np
+import torch
 
 from fedhmc.errors import ConfigError
+
+
+def plain(v):
+    """A value as the files hold it: a tensor (on any device) or a NumPy scalar becomes a
+    Python number (or a list of them), through the CPU; anything else is returned as is."""
+    if isinstance(v, torch.Tensor):
+        v = v.detach()
+        return v.item() if v.numel() == 1 else v.cpu().tolist()
+    if isinstance(v, np.generic):
+        return v.item()
+    return v
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
@@ -106,12 +118,12 @@ class RunWriter:
         )
 
     def write_row(self, row: dict) -> None:
-        self._csv.writerow({k: row.get(k, "") for k in self.columns})
+        self._csv.writerow({k: plain(row.get(k, "")) for k in self.columns})
         self._csv_file.flush()
 
     def add_sample(self, theta_bar) -> None:
         """Keep a collected global sample, (S, D), for samples.npy."""
-        self.samples.append(theta_bar.detach().to("cpu").float().numpy().copy())
+        self.samples.append(theta_bar.detach().to("cpu", torch.float32).numpy().copy())
 
     def write_samples(self) -> None:
         if not self.samples:
@@ -136,6 +148,10 @@ class RunWriter:
 
 
 def _jsonable(x):
+    if isinstance(x, np.ndarray):
+        return x.tolist()
+    if isinstance(x, (torch.Tensor, np.generic)):
+        return plain(x)
     try:
         return float(x)
     except (TypeError, ValueError):
@@ -180,8 +196,9 @@ class TensorBoardLog:
             self.writer.add_text("config", text, 0)
 
     def log(self, row: dict) -> None:
-        r = int(row["round"])
+        r = int(plain(row["round"]))
         for k, v in row.items():
+            v = plain(v)
             if k == "round" or isinstance(v, bool) or not isinstance(v, (int, float)):
                 continue
             if math.isfinite(v):

@@ -39,6 +39,26 @@ def test_every_round_is_logged_and_a_resumed_run_has_no_duplicates(tmp_path):
     assert "metrics/energy_error" in s and "metrics/grad_evals" in s
 
 
+def test_tensor_values_are_logged_through_the_cpu(tmp_path, monkeypatch):
+    """A metric that arrives as a tensor (on a GPU, ``float`` would work but ``numpy`` would
+    not) is logged as its number; a row's values are read with ``.item()``, never ``.numpy()``."""
+    import torch
+
+    from fedhmc.runtime.output import TensorBoardLog
+
+    def no_numpy(self, *a, **k):
+        raise AssertionError("numpy() of a tensor that may be on a GPU")
+
+    monkeypatch.setattr(torch.Tensor, "numpy", no_numpy)
+    log = TensorBoardLog(tmp_path / "tb", {"step_size": 0.1})
+    log.log({"round": torch.tensor(1), "accuracy": torch.tensor(0.5), "nll_mean": 1.5})
+    log.log({"round": 2, "accuracy": torch.tensor(0.75, dtype=torch.float64), "flag": True})
+    log.close()
+    s = scalars(tmp_path / "tb")
+    assert s["metrics/accuracy"] == [(1, 0.5), (2, 0.75)]
+    assert s["metrics/nll_mean"] == [(1, 1.5)] and "metrics/flag" not in s
+
+
 def test_a_sweep_logs_one_run_per_cell(tmp_path):
     from fedhmc.sweep.cells import run_sweep
 
