@@ -139,6 +139,11 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
         raise ConfigError(
             f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
         ) from None
+    if "device" in given and given["device"] != saved.get("device"):
+        # Another device: how the run computes there is decided anew unless given.
+        for key in ("cuda_graphs", "client_gpus"):
+            if key not in given:
+                saved.pop(key, None)
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
     burn = saved.get("burn_in")

@@ -156,7 +156,16 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
 # Settings that may differ between a checkpoint and the run that continues it. The device
 # may change (a run started on a GPU resumes on a CPU): the checkpoint holds CPU tensors.
 RESUMABLE_CHANGES = frozenset(
-    {"rounds", "out", "resume", "overwrite", "checkpoint_every", "device", "client_gpus"}
+    {
+        "rounds",
+        "out",
+        "resume",
+        "overwrite",
+        "checkpoint_every",
+        "device",
+        "client_gpus",
+        "cuda_graphs",
+    }
 )
 
 

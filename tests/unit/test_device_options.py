@@ -103,3 +103,21 @@ def test_a_device_change_keeps_a_finished_cell():
     b = {**a, "device": "cuda:0"}
     assert same_run_settings(a, b)
     assert not same_run_settings(a, {**a, "seed": 1})
+
+
+def test_a_resume_on_another_device_decides_graphs_and_gpu_shares_anew(tmp_path):
+    """A run started on a GPU (graphs on, a GPU share per Flower client) continues on a CPU
+    without refusing its own recorded settings; given explicitly, they are kept."""
+    import json
+
+    from fedhmc.cli.options import resume_config
+
+    saved = {**RunConfig().to_dict(), "device": "cuda:0", "cuda_graphs": True}
+    saved.update(backend="flower", client_gpus=0.5)
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    cfg = resume_config(str(tmp_path), {"device": "cpu"})
+    assert cfg.cuda_graphs is None and cfg.client_gpus is None
+    assert cfg.resolve().cuda_graphs is False
+    cfg = resume_config(str(tmp_path), {"device": "cpu", "cuda_graphs": True})
+    with pytest.raises(ConfigError, match="--cuda-graphs needs --device cuda"):
+        cfg.resolve()
