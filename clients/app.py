@@ -21,9 +21,13 @@ Message contract (see ``fedhmc_server.loop``):
 
 ``partition-id`` and ``num-partitions`` come from ``context.node_config``; the dataset,
 partitioner, α and seed from the run config. A node may set ``private-seed`` in its node
-config to draw its private noise from a seed nobody else knows, and ``worker-socket`` to
-have its warm worker (`fedhmc_clients.worker`) compute; the computation itself is
-`fedhmc_clients.compute.compute` either way.
+config to draw its private noise from a seed nobody else knows, ``device`` to compute on
+a device of its own (``cuda``, ``cuda:1``, ``cpu``) instead of the run's, and
+``worker-socket`` to have its warm worker (`fedhmc_clients.worker`) compute; the
+computation itself is `fedhmc_clients.compute.compute` either way.
+
+A user's error on this node (a ``device`` it does not have, data that differ from the
+server's) is logged in one line and sent back as the reply's error, with no traceback.
 """
 
 from __future__ import annotations
@@ -31,10 +35,14 @@ from __future__ import annotations
 import logging
 
 from fedhmc_clients.worker import WorkerError, call
-from flwr.app import Array, ArrayRecord, Context, Message, MetricRecord, RecordDict
+from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
+from fedhmc.errors import FedHMCError
+
 log = logging.getLogger("fedhmc.client")
+CLIENT_APP_RAISED_EXCEPTION = 2
+"""Flower's error code for a ClientApp that raised (``flwr.common.constant.ErrorCode``)."""
 
 
 def handle(kind: str, msg: Message, context: Context, run_config: dict | None = None) -> Message:
@@ -48,21 +56,28 @@ def handle(kind: str, msg: Message, context: Context, run_config: dict | None = 
         {k: v.numpy() for k, v in msg.content["arrays"].items()} if "arrays" in msg.content else {}
     )
     config = dict(msg.content["config"]) if "config" in msg.content else {}
-    out = None
-    sock = nc.get("worker-socket")
-    if sock:
-        try:
-            out, metrics = call(str(sock), kind, rc, nc, config, arrays)
-        except WorkerError as e:
-            log.warning("%s; computing in this process instead", e)
-    if out is None:
-        from fedhmc_clients.compute import compute  # torch: only when computing here
-
-        out, metrics = compute(kind, rc, nc, config, arrays)
+    try:
+        out, metrics = _compute(kind, rc, nc, config, arrays)
+    except FedHMCError as e:  # one line here and in the server's log
+        log.error("partition %s: %s", nc.get("partition-id"), e)
+        return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=msg)
     content = {"metrics": MetricRecord(dict(metrics))}
     if out or kind != "query":
         content["arrays"] = ArrayRecord({k: Array(v) for k, v in out.items()})
     return Message(RecordDict(content), reply_to=msg)
+
+
+def _compute(kind: str, rc: dict, nc: dict, config: dict, arrays: dict):
+    """(arrays, metrics) from the node's warm worker if it has one, else computed here."""
+    sock = nc.get("worker-socket")
+    if sock:
+        try:
+            return call(str(sock), kind, rc, nc, config, arrays)
+        except WorkerError as e:
+            log.warning("%s; computing in this process instead", e)
+    from fedhmc_clients.compute import compute  # torch: only when computing here
+
+    return compute(kind, rc, nc, config, arrays)
 
 
 def handle_query(msg: Message, context: Context, run_config: dict | None = None) -> Message:

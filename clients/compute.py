@@ -5,9 +5,15 @@ the node config, the message's config and its arrays (numpy), and returns the re
 arrays and metrics. The ClientApp calls it in its own process, or forwards the message to
 the node's warm worker (`fedhmc_clients.worker`), which calls the same function; the
 two give the same numbers.
+
+A client computes on `client_device`: the node config's ``device`` (a SuperNode's own),
+else the run's. Its arrays travel as NumPy arrays either way, so a CPU node and a GPU
+node take part in one run.
 """
 
 from __future__ import annotations
+
+import sys
 
 import numpy as np
 from fedhmc_clients.task import (
@@ -19,6 +25,7 @@ from fedhmc_clients.task import (
     num_examples,
 )
 
+from fedhmc.errors import ConfigError
 from fedhmc.runtime import wire
 
 KINDS = ("query", "train", "grad")
@@ -28,11 +35,65 @@ round of ``train`` messages is computed in one batch (``colocated_update``)."""
 
 
 def identity(run_config: dict, node_config: dict):
-    """The client's resolved RunConfig and partition id."""
+    """The client's resolved RunConfig, on its device (`client_device`), and partition id."""
     rc = dict(run_config)
     pid = int(node_config["partition-id"])
     rc["num-clients"] = int(node_config["num-partitions"])
+    rc["device"] = client_device(run_config, node_config, _ray_gpu_ids())
+    rc.pop("client-gpus", None)  # the simulation's resources, not this client's
     return client_config(rc), pid
+
+
+def client_device(run_config: dict, node_config: dict, ray_gpus=()) -> str:
+    """The device this client computes on: the node config's ``device`` (checked here,
+    one line if this node lacks it), else the run's.
+
+    ``ray_gpus``: the GPUs Ray gave this process (a simulated client holding a share of
+    a GPU). Ray shows such a process only those GPUs, so ``cuda`` and ``cuda:N`` mean
+    the GPU Ray gave it, ``cuda``."""
+    own = node_config.get("device")
+    if own is not None and str(own) != "":
+        device = str(own)
+        check_node_device(device)
+    else:
+        device = str(run_config.get("device") or "cpu")
+    if ray_gpus and (device == "cuda" or device.startswith("cuda:")):
+        return "cuda"
+    return device
+
+
+def check_node_device(device: str) -> None:
+    """A one-line ConfigError unless this node has ``device`` (node config ``device``)."""
+    import torch
+
+    what = f"node config device={device!r}"
+    try:
+        dev = torch.device(device)
+    except (RuntimeError, ValueError):
+        raise ConfigError(f"{what} is not a torch device; use cpu, cuda or cuda:N") from None
+    if dev.type == "cuda":
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"{what}: this node has no CUDA GPU; set device='cpu' or drop it")
+        if dev.index is not None and dev.index >= count:
+            last = f"cuda:{count - 1}"
+            raise ConfigError(f"{what}: this node has {count} GPU(s); use cuda:0 … {last}")
+    elif dev.type == "mps":
+        if not torch.backends.mps.is_available():
+            raise ConfigError(f"{what}: MPS is not available on this node; set device='cpu'")
+    elif dev.type != "cpu":
+        raise ConfigError(f"{what}: fedhmc runs on cpu, cuda or mps")
+
+
+def _ray_gpu_ids() -> list:
+    """The GPUs Ray gave this process ([] outside a Ray worker)."""
+    ray = sys.modules.get("ray")
+    if ray is None or not ray.is_initialized():
+        return []
+    try:
+        return list(ray.get_gpu_ids())
+    except Exception:  # noqa: BLE001 - not a worker Ray manages
+        return []
 
 
 def compute(

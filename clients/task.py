@@ -4,9 +4,15 @@ A client loads its own partition once per process (cached), and each round runs 
 algorithm's ``client_update`` (``fedhmc.algorithms.fahmc`` or ``debiased``): the function
 the batched engine's ``step`` runs for all clients at once. It never sends its data or its
 private seed.
+
+Everything is computed on the client's device (``cfg.device``, from
+`fedhmc_clients.compute.client_device`): its target is built there and the round's
+message decoded there; what goes back on the wire is brought to the CPU first.
 """
 
 from __future__ import annotations
+
+import dataclasses
 
 import torch
 
@@ -53,6 +59,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.minibatch,
         cfg.prior_std,
         cfg.dtype,
+        cfg.device,
         partition_id,
         num_total,
     )
@@ -62,13 +69,23 @@ def partition_target(cfg: RunConfig, partition_id: int, num_total: int | None = 
     """(target, n_c) of this client, loaded once per process for the same settings."""
     key = _target_key(cfg, partition_id, num_total)
     if key not in _TARGETS:
-        _TARGETS[key] = build_client_target(cfg, partition_id, num_total)
+        _TARGETS[key] = build_client_target(cfg, partition_id, num_total, device=cfg.device)
     return _TARGETS[key]
 
 
+def moved(obj, device):
+    """A dataclass (a ClientUpdate) with its tensors on ``device``."""
+    tensors = {
+        f.name: v.to(device)
+        for f in dataclasses.fields(obj)
+        if isinstance(v := getattr(obj, f.name), torch.Tensor)
+    }
+    return dataclasses.replace(obj, **tensors)
+
+
 def _reply(update, c: int, n_c: int) -> dict:
-    """Client ``c``'s reply from an update: positions, momentum and local gradient (S, D)
-    as numpy arrays, n_c, and the health numbers."""
+    """Client ``c``'s reply from an update (on the CPU: `moved`): positions, momentum and
+    local gradient (S, D) as numpy arrays, n_c, and the health numbers."""
 
     def row(x):
         return None if x is None else x[:, c].numpy()
@@ -113,9 +130,9 @@ def local_update(
     cfg = wire.apply_data(cfg, config)
     target, n_c = partition_target(cfg, partition_id, int(config["num-examples-total"]))
     settings = wire.decode_sampler(config)
-    message = wire.decode_message(config, arrays, torch_dtype(cfg))
+    message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
-    seeds = torch.tensor([seed])
+    seeds = torch.tensor([seed], device=cfg.device)
     if isinstance(settings, debiased.Settings):
         # This process's local gradient at the anchor, if it computed it last round.
         base = (cfg, partition_id, seed, settings.anchor_batch_size)
@@ -131,7 +148,7 @@ def local_update(
         _ANCHOR_GRADS[base] = (message.round, message.position, update.local_grad)
     else:
         update = fahmc.client_update(message, target, settings, seeds)
-    return _reply(update, 0, n_c)
+    return _reply(moved(update, "cpu"), 0, n_c)
 
 
 # A simulation's co-located clients: the last round computed for all of them at once.
@@ -154,7 +171,7 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     ):
         return None
     num_total = int(config["num-examples-total"])
-    message = wire.decode_message(config, arrays, torch_dtype(cfg))
+    message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
     key = (
         _target_key(cfg, -1, num_total),
         tuple(sorted((k, str(v)) for k, v in config.items())),
@@ -173,8 +190,11 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         drawn = message.clients
         ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
         target, seeds = fahmc.round_clients(cfg.seed, message, target)
-        update = fahmc.client_update(message, target, settings, seeds)
-        last = (key, sent, update, getattr(target, "counts", None), ids)
+        update = moved(fahmc.client_update(message, target, settings, seeds), "cpu")
+        counts = getattr(target, "counts", None)
+        if isinstance(counts, torch.Tensor):  # one transfer, not one per client
+            counts = counts.tolist()
+        last = (key, sent, update, counts, ids)
         _COLOCATED["round"] = last
     _, _, update, counts, ids = last
     if partition_id not in ids:
@@ -193,7 +213,7 @@ def colocated_target(cfg: RunConfig, num_total: int | None = None):
     if target is None or stale:
         from fedhmc.runtime.problem import build_clients_target
 
-        target = _TARGETS[key] = build_clients_target(cfg, num_total)
+        target = _TARGETS[key] = build_clients_target(cfg, num_total, device=cfg.device)
     return target
 
 
@@ -225,14 +245,14 @@ def async_gradient(
     num_total = int(config["num-examples-total"])
     key = ("async", *_target_key(cfg, partition_id, num_total))
     if key not in _TARGETS:  # loaded once per process, as partition_target's
-        _TARGETS[key] = async_worker_target(cfg, partition_id, num_total)
+        _TARGETS[key] = async_worker_target(cfg, partition_id, num_total, device=cfg.device)
     target, n_c = _TARGETS[key]
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     g = worker_gradient(
         target,
-        torch.as_tensor(theta).to(torch_dtype(cfg)),
-        worker_key(seed, int(config["chain"])),
+        torch.as_tensor(theta, dtype=torch_dtype(cfg), device=cfg.device),
+        worker_key(seed, int(config["chain"]), cfg.device),
         int(config["request"]),
         float(config["grad-noise"]),
     )
-    return g.numpy(), n_c
+    return g.cpu().numpy(), n_c

@@ -34,6 +34,8 @@ from pathlib import Path
 
 import numpy as np
 
+from fedhmc.errors import FedHMCError
+
 MAX_FRAME = 1 << 31
 REPLY_KEYS = {"theta", "momentum", "grad"}
 
@@ -99,6 +101,8 @@ def call(
             reply, out = _unpack(s)
     except (OSError, ValueError, struct.error) as e:
         raise WorkerError(f"worker at {path}: {e}") from None
+    if not reply.get("ok") and reply.get("user_error"):  # this node's error: no retry helps
+        raise FedHMCError(str(reply["user_error"]))
     if not reply.get("ok"):
         raise WorkerError(f"worker at {path} failed: {reply.get('error', 'no reason given')}")
     validate(kind, arrays, out, reply.get("metrics"))
@@ -207,6 +211,8 @@ def serve(
                 )
             except Exception as e:  # noqa: BLE001 (reported to the ClientApp)
                 out, reply = {}, {"ok": False, "error": f"{type(e).__name__}: {e}"}
+                if isinstance(e, FedHMCError):  # the user's: one line, nothing to retry
+                    reply["user_error"] = str(e)
             try:
                 conn.sendall(_pack(reply, out))
             except OSError:

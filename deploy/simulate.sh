@@ -14,7 +14,9 @@
 # - the detached local SuperLink that `flwr run` leaves behind: stopped by its PID at the end,
 #   also on error or Ctrl-C;
 # - the exit code: `flwr run` returns 0 even when the ServerApp failed, so this script checks
-#   the run's summary.json and exits 1 unless it says "completed".
+#   the run's summary.json and exits 1 unless it says "completed";
+# - GPUs: with device=cuda (or cuda:N), each virtual SuperNode asks Flower's runtime for
+#   client-gpus=X of a GPU (default 1), e.g. `deploy/simulate.sh 8 device=cuda client-gpus=0.25`.
 #
 # `fedhmc run --backend flower` runs the same apps through Flower's in-process simulation
 # entry point, with no SuperLink at all; this script is for those who want `flwr run`.
@@ -38,6 +40,8 @@ if [[ ! -f "$FLWR_HOME/config.toml" ]]; then
 fi
 
 out=""
+device=""
+gpus=""
 overrides=()
 for kv in "$@"; do
     [[ "$kv" == *=* ]] || die "expected KEY=VALUE, got '$kv'"
@@ -47,6 +51,8 @@ for kv in "$@"; do
         out="$(abspath "$value")"
         continue
     fi
+    [[ "$key" != device ]] || device="$value"
+    [[ "$key" != client-gpus ]] || gpus="$value"
     # Quote text values for TOML; numbers and booleans go as they are.
     if [[ "$value" =~ ^-?[0-9.eE+-]+$ || "$value" == true || "$value" == false ]]; then
         overrides+=("$key=$value")
@@ -72,8 +78,12 @@ stop_local_superlink() {
 
 app="$(python "$(dirname "${BASH_SOURCE[0]}")/stage_app.py")"  # see run.sh
 trap 'rm -rf "$app"; stop_local_superlink' EXIT
+federation="num-supernodes=$n"
+if [[ "$device" == cuda* ]]; then  # each virtual SuperNode's share of a GPU
+    federation+=" client-resources-num-gpus=${gpus:-1.0}"
+fi
 flwr run "$app" local --stream \
-    --federation-config "num-supernodes=$n" \
+    --federation-config "$federation" \
     --run-config "num-clients=$n out=\"$out\" ${overrides[*]}"
 
 status="$(python -c 'import json,sys; print(json.load(open(sys.argv[1]))["status"])' \

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Usage: deploy/supernode.sh --superlink HOST:PORT --ca CA_CRT --key PRIVATE_KEY
 #                            --partition-id I --num-partitions N [--port PORT] [--name NAME]
-#                            [--node-config 'k=v ...'] [--log FILE] [--pidfile FILE] [--wait SECONDS]
-#                            [--no-worker] [-- EXTRA flower-supernode ARGS]
+#                            [--device DEV] [--node-config 'k=v ...'] [--log FILE] [--pidfile FILE]
+#                            [--wait SECONDS] [--no-worker] [-- EXTRA flower-supernode ARGS]
 #
 # Starts one Flower SuperNode (one federated client) in the background: TLS to the SuperLink, verified
 # with the CA certificate, and authenticated with a private key whose public key was registered
@@ -15,6 +15,8 @@
 #   --port            local port of this SuperNode's own runtime API; every SuperNode on the same
 #                     machine needs a different one (env SUPERNODE_PORT, default 9094)
 #   --name            name for the log and pid files (default supernode-I)
+#   --device          the device this node computes on (cpu, cuda, cuda:1, ...), whatever the run's
+#                     device: node config device (default: the run's `device`)
 #   --node-config     more node settings, e.g. 'private-seed=1234'
 #   --log, --pidfile  default $FEDHMC_DEPLOY_DIR/NAME.log and NAME.pid ($FEDHMC_DEPLOY_DIR: ~/fedhmc-deploy)
 #   --wait            seconds to wait for the SuperLink to accept the node (default 60); the script
@@ -39,6 +41,7 @@ nparts="${NUM_PARTITIONS:-}"
 port="${SUPERNODE_PORT:-9094}"
 name=""
 node_config=""
+device=""
 log=""
 pidfile=""
 wait_s=60
@@ -54,6 +57,7 @@ while [[ $# -gt 0 ]]; do
         --port) port="$2"; shift 2 ;;
         --name) name="$2"; shift 2 ;;
         --node-config) node_config="$2"; shift 2 ;;
+        --device) device="$2"; shift 2 ;;
         --log) log="$2"; shift 2 ;;
         --pidfile) pidfile="$2"; shift 2 ;;
         --wait) wait_s="$2"; shift 2 ;;
@@ -67,6 +71,9 @@ done
     { echo "--superlink, --ca, --key, --partition-id and --num-partitions are required" >&2; usage; }
 [[ "$pid_" =~ ^[0-9]+$ && "$nparts" =~ ^[0-9]+$ && "$pid_" -lt "$nparts" ]] ||
     die "need 0 <= partition-id < num-partitions (got $pid_ and $nparts)"
+[[ -z "$device" || "$device" =~ ^[a-z]+(:[0-9]+)?$ ]] ||
+    die "--device takes cpu, cuda or cuda:N (got '$device')"
+[[ -z "$device" ]] || node_config="device=\"$device\"${node_config:+ $node_config}"
 
 need_cmd flower-supernode flower-superexec flwr-clientapp
 ca="$(abspath "$ca")"

@@ -16,6 +16,9 @@ worker is sent θ again, until ``--max-worker-failures`` failures in a row retir
 request with no reply within ``--round-timeout`` seconds is counted as lost and its worker
 retired (it may hang; another message would only queue behind it). A chain left with no
 worker stops the run with a clear message. At the end, requests in flight are abandoned.
+
+The chains live on the run's device (``--device``): each gradient is moved there as it
+arrives, and each θ sent is brought to the CPU first.
 """
 
 from __future__ import annotations
@@ -56,6 +59,7 @@ class AsyncServer:
         self.grid, self.cfg = grid, cfg
         self.sizes = sizes
         self.dtype = torch_dtype(cfg)
+        self.device = theta0.device
         self.num_total = sum(n for _, n in sizes.values())
         settings = Settings.from_config(cfg)
         self.chains = [
@@ -118,7 +122,7 @@ class AsyncServer:
         arrays = rep.content["arrays"]
         if "grad" not in arrays:
             raise ValueError("missing arrays['grad']")
-        g = torch.as_tensor(arrays["grad"].numpy())
+        g = torch.as_tensor(arrays["grad"].numpy(), device=self.device)
         if tuple(g.shape) != shape:
             raise ValueError(f"gradient of shape {tuple(g.shape)}, expected {shape}")
         if g.dtype != self.dtype:
@@ -243,14 +247,15 @@ def serve_async(
         started = begin(
             grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout, cfg.round_timeout
         )
-    evaluator, model, dim, description = build_evaluator(cfg)
+    device = torch.device(cfg.device)
+    evaluator, model, dim, description = build_evaluator(cfg, device)
     sizes = started.sizes()
     if len(sizes) < cfg.chains:
         raise ConfigError(
             f"{cfg.algorithm} gives each of the --chains {cfg.chains} servers its own "
             f"workers, but only {len(sizes)} answered; lower --chains or add SuperNodes"
         )
-    theta0 = initial_position(model, dim, cfg)
+    theta0 = initial_position(model, dim, cfg, device=device)
     server = AsyncServer(grid, cfg, theta0, sizes)
     t0 = time.perf_counter()
 

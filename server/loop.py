@@ -8,6 +8,10 @@ to the algorithm's ``server_update``, which averages with weights n_c renormalis
 clients that replied: the function the engine's ``step`` ends with. The loop between rounds
 (sample collection, metrics, files) is the engine's own ``run_loop``, so the output files
 are the same.
+
+The server computes on the run's device (``--device``): its evaluator, θ̄ and the
+algorithm's state live there, every reply is moved there before the average, and what
+goes on the wire is brought to the CPU first.
 """
 
 from __future__ import annotations
@@ -75,16 +79,16 @@ def serve(
     from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
     cfg = prepare(cfg)
-    evaluator, model, dim, description = build_evaluator(cfg)
+    device = torch.device(cfg.device)
+    evaluator, model, dim, description = build_evaluator(cfg, device)
     exchange = started.exchange
     sizes = started.sizes()
     num_total = sum(n for _, n in sizes.values())
     # The clients' weights in partition order, as the engine's target holds them: under
     # partial participation the round's clients are drawn from these.
     by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])
-    client_weights = (
-        torch.tensor([sizes[nid][1] for nid in by_partition], dtype=torch.float64) / num_total
-    )
+    counts = [sizes[nid][1] for nid in by_partition]
+    client_weights = torch.tensor(counts, dtype=torch.float64, device=device) / num_total
     algorithm, settings = algorithm_of(cfg)  # fahmc or debiased: the same interface
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
@@ -93,7 +97,7 @@ def serve(
     keys = ("theta", "grad") if debiased else ("theta",)
     if settings.leapfrog_sync:
         keys = (*keys, "momentum")
-    theta0 = initial_position(model, dim, cfg)
+    theta0 = initial_position(model, dim, cfg, device=device)
     state = algorithm.init(theta0, settings)
     durations: list[float] = []  # of the complete rounds so far
 
@@ -143,7 +147,7 @@ def serve(
                 nonfinite += "non-finite" in str(e)
                 continue
 
-            rows = {k: torch.as_tensor(v).unsqueeze(1) for k, v in got.items()}
+            rows = {k: torch.as_tensor(v, device=device).unsqueeze(1) for k, v in got.items()}
             update = ClientUpdate(
                 rows["theta"], momentum=rows.get("momentum"), local_grad=rows.get("grad")
             )
@@ -186,11 +190,11 @@ def serve(
         accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
         update = stack_updates([a[2] for a in accepted])
         if message.clients is None:
-            weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64)
+            weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64, device=device)
             state, _ = algorithm.server_update(state, update, weights, settings)
         else:  # the scheme's coefficients, rescaled over the drawn clients that replied
             replied = {a[0] for a in accepted}
-            kept = torch.tensor([int(c) in replied for c in message.clients])
+            kept = torch.tensor([int(c) in replied for c in message.clients], device=device)
             coefficients = participation.renormalized(message.coefficients, kept)
             state, _ = algorithm.server_update(state, update, coefficients, settings, exact=True)
         return state.position, stats
@@ -200,7 +204,7 @@ def serve(
 
     def set_state(saved: dict) -> None:
         nonlocal state, failed_rounds
-        state = checkpoint.state_from_dict(saved.get("state"), type(state))
+        state = checkpoint.state_from_dict(saved.get("state"), type(state), device)
         failed_rounds = int(saved.get("failed_rounds", 0))
 
     return run_loop(

@@ -99,7 +99,8 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
     # The virtual clients share this machine: plain FA-HMC computes each round in one
-    # batch, in one Ray worker with every core (fedhmc_clients.task.colocated_update).
+    # batch, in one Ray worker with every core and, under --device cuda, a GPU
+    # (fedhmc_clients.task.colocated_update; the resources: client_resources).
     colocated = client_app is None and cfg.algorithm == "fahmc"
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
     logging.getLogger("flwr").setLevel(logging.ERROR)
@@ -145,25 +146,79 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     return result["result"]
 
 
+def on_cuda(device: str) -> bool:
+    """Whether ``device`` names a CUDA GPU (``cuda``, ``cuda:N``)."""
+    return device == "cuda" or device.startswith("cuda:")
+
+
+def client_resources(cfg: RunConfig, cpus: int, colocated: bool) -> dict:
+    """What each simulated client asks Ray for: CPUs and a share of a GPU.
+
+    Co-located clients compute a round in one batch: one worker holding every core does
+    it once. Clients that compute alone get a worker per core. Under ``--device cuda``
+    each client asks for ``--client-gpus`` of a GPU (default 1: the co-located batch holds
+    one GPU, and clients that compute alone take a whole GPU each, so as many compute at
+    once as there are GPUs)."""
+    share = 0.0
+    if on_cuda(cfg.device):
+        share = 1.0 if cfg.client_gpus is None else float(cfg.client_gpus)
+    return {"num_cpus": cpus if colocated else 1, "num_gpus": share}
+
+
+def ray_init_args(cfg: RunConfig, cpus: int, gpus: int) -> dict:
+    """Ray's start-up settings: ``cpus`` cores and, under ``--device cuda``, the machine's
+    ``gpus`` GPUs (``cuda:N``: GPU N alone, see `ray_visible_devices`)."""
+    num_gpus = 0
+    if on_cuda(cfg.device):
+        num_gpus = 1 if ":" in cfg.device else int(gpus)
+    return {
+        "num_cpus": cpus,
+        "num_gpus": num_gpus,
+        "logging_level": "ERROR",
+        "log_to_driver": False,
+        "include_dashboard": False,
+    }
+
+
+def ray_visible_devices(device: str, visible: str | None) -> str | None:
+    """``CUDA_VISIBLE_DEVICES`` for Ray's processes under ``--device cuda:N``: GPU N alone,
+    as this process numbers it (``visible``: this process's ``CUDA_VISIBLE_DEVICES``, or
+    None); None to leave it as it is. A client that holds a share of a GPU computes on the
+    one Ray gives it (``fedhmc_clients.compute.client_device``), here GPU N."""
+    if not on_cuda(device) or ":" not in device:
+        return None
+    index = int(device.split(":", 1)[1])
+    ids = [v.strip() for v in visible.split(",") if v.strip()] if visible else []
+    return ids[index] if index < len(ids) else str(index)
+
+
 def _simulate(run_simulation, server, client, cfg: RunConfig, colocated: bool = True) -> None:
     cpus = max(1, min(os.cpu_count() or 1, cfg.num_clients))
-    # Co-located clients compute a round in one batch: one worker holding every core does
-    # it once. Clients that compute alone get a worker per core.
-    per_client = cpus if colocated else 1
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        run_simulation(
-            server_app=server,
-            client_app=client,
-            num_supernodes=cfg.num_clients,
-            backend_config={
-                "client_resources": {"num_cpus": per_client, "num_gpus": 0.0},
-                "init_args": {
-                    "num_cpus": cpus,
-                    "num_gpus": 0,
-                    "logging_level": "ERROR",
-                    "log_to_driver": False,
-                    "include_dashboard": False,
+    gpus = 0
+    pinned = ray_visible_devices(cfg.device, os.environ.get("CUDA_VISIBLE_DEVICES"))
+    saved = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if on_cuda(cfg.device):
+        import torch
+
+        torch.cuda.init()  # this process keeps every GPU it sees (the server's cuda:N)
+        gpus = torch.cuda.device_count()
+    if pinned is not None:  # Ray's processes see GPU N alone, as cuda:0
+        os.environ["CUDA_VISIBLE_DEVICES"] = pinned
+    try:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            run_simulation(
+                server_app=server,
+                client_app=client,
+                num_supernodes=cfg.num_clients,
+                backend_config={
+                    "client_resources": client_resources(cfg, cpus, colocated),
+                    "init_args": ray_init_args(cfg, cpus, gpus),
                 },
-            },
-        )
+            )
+    finally:
+        if pinned is not None:
+            if saved is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES", None)
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = saved

@@ -381,8 +381,8 @@ def bytes_per_round(
     return per_array, per_array
 
 
-def async_worker_target(cfg, partition_id: int, num_total: int | None = None):
-    """What a worker differentiates: (target, n_c).
+def async_worker_target(cfg, partition_id: int, num_total: int | None = None, device="cpu"):
+    """What a worker differentiates: (target, n_c), on ``device``.
 
     On data, the worker's own partition with the energy of docs/algorithms.md, f^(c) (its data
     scaled up to n, plus the prior): its minibatch gradient ∇f̃^(c) is an unbiased estimate
@@ -396,5 +396,5 @@ def async_worker_target(cfg, partition_id: int, num_total: int | None = None):
     if cfg.dataset in GAUSSIAN_TARGETS:
         dtype = torch_dtype(cfg)
         post = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype).posterior()
-        return GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype), 1
-    return build_client_target(cfg, partition_id, num_total)
+        return GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device), 1
+    return build_client_target(cfg, partition_id, num_total, device=device)
