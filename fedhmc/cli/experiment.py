@@ -51,7 +51,7 @@ def add_experiment_command(sub) -> None:
     p.add_argument(
         "--device",
         help="torch device of the experiments that run on data (fmnist-*, kmnist, cifar2, "
-        "participation, paper-fmnist-*): cpu, cuda, cuda:N or mps; their cells share it "
+        "participation, paper-fmnist-*): cpu, cuda or cuda:N; their cells share it "
         "(default: cpu)",
     )
     p.add_argument("--quiet", action="store_true", help="no progress bars and no table")

@@ -826,10 +826,14 @@ def check_device(device: str) -> None:
                 f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}"
             )
     elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ConfigError(f"--device {device}: MPS is not available here; use --device cpu")
+        # The chain's random numbers (Box-Muller on 53-bit uniforms) and the metrics are
+        # float64 computations, which Apple's MPS backend does not have.
+        raise ConfigError(
+            f"--device {device}: fedhmc's random numbers and metrics need float64, which "
+            "Apple's MPS backend lacks; use --device cpu"
+        )
     elif dev.type != "cpu":
-        raise ConfigError(f"--device {device}: fedhmc runs on cpu, cuda or mps")
+        raise ConfigError(f"--device {device}: fedhmc runs on cpu or cuda")
 
 
 def _coerce(key: str, value, hint, literal_none: bool = False):

@@ -121,3 +121,8 @@ def test_a_resume_on_another_device_decides_graphs_and_gpu_shares_anew(tmp_path)
     cfg = resume_config(str(tmp_path), {"device": "cpu", "cuda_graphs": True})
     with pytest.raises(ConfigError, match="--cuda-graphs needs --device cuda"):
         cfg.resolve()
+
+
+def test_mps_is_refused_for_its_missing_float64():
+    with pytest.raises(ConfigError, match="float64, which Apple's MPS backend lacks"):
+        check_device("mps")
