@@ -35,6 +35,10 @@ Usage::
     python -m benchmarks --only models     # the generic nn.Module path (benchmarks.models)
     python -m benchmarks --only scale      # 10,000 clients, S = 100 a round (benchmarks.scale)
     python -m benchmarks --only models --device cuda   # the same on a GPU
+    python -m benchmarks --only gpu        # on a GPU: the same-chain matrix (pytest -m gpu)
+                                           # and fedhmc's step against a plain captured
+                                           # step (benchmarks.gpu; --device cpu checks it
+                                           # without a GPU)
     python -m benchmarks --smoke           # tiny sizes, seconds, no targets (what CI runs)
 """
 
@@ -87,9 +91,12 @@ GROUPS = (
     "deploy",
     "models",
     "scale",
+    "gpu",
 )
-# deploy and scale (minutes each, a Flower run in both): only with --only.
-DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("deploy", "scale"))
+# deploy and scale (minutes each, a Flower run in both) and gpu (a GPU's check): only with
+# --only. A smoke run includes gpu, on the CPU where there is no GPU (seconds).
+DEFAULT_GROUPS = tuple(g for g in GROUPS if g not in ("deploy", "scale", "gpu"))
+SMOKE_GROUPS = (*DEFAULT_GROUPS, "gpu")
 
 
 SHAPES = (
@@ -471,6 +478,11 @@ def targets(results: dict) -> list[dict]:
 
         for name, value, bound, ok in model_targets(results["models"]):
             add(name, value, bound, ok)
+    if results.get("gpu"):
+        from benchmarks.gpu import targets as gpu_targets
+
+        for name, value, bound, ok in gpu_targets(results["gpu"]):
+            add(name, value, bound, ok)
     fl = results.get("flower")
     if fl and "flower/engine" in fl:
         add(
@@ -608,6 +620,10 @@ def render(results: dict) -> str:
         from benchmarks.scale import render as render_scale
 
         lines += ["", render_scale(results["scale"]).rstrip()]
+    if results.get("gpu"):
+        from benchmarks.gpu import render as render_gpu
+
+        lines += ["", render_gpu(results["gpu"]).rstrip()]
     if results.get("deploy"):
         from benchmarks.deploy import render as render_deploy
 
@@ -656,6 +672,10 @@ def _count_stages(groups: set[str]) -> int:
         from benchmarks.models import GENERIC_SHAPES
 
         n += len(GENERIC_SHAPES) + 1
+    if "gpu" in groups:
+        from benchmarks.gpu import STAGES
+
+        n += STAGES
     return max(1, n)
 
 
@@ -684,13 +704,17 @@ def main(argv=None) -> int:
     )
     ap.add_argument(
         "--device",
-        default="cpu",
-        help="torch device of the models group (cpu, cuda, cuda:N); the other groups run on "
-        "the CPU",
+        default=None,
+        help="torch device of the models group (cpu, cuda, cuda:N; default cpu) and of the "
+        "gpu group (default cuda; cpu checks it without a GPU); the other groups run on the "
+        "CPU",
     )
     ap.add_argument("--quiet", action="store_true", help="no progress; only the report")
     args = ap.parse_args(argv)
-    groups = set(DEFAULT_GROUPS) if args.only is None else {g.strip() for g in args.only.split(",")}
+    if args.only is not None:
+        groups = {g.strip() for g in args.only.split(",")}
+    else:
+        groups = set(SMOKE_GROUPS if args.smoke else DEFAULT_GROUPS)
     unknown = groups - set(GROUPS)
     if unknown:
         raise ConfigError(
@@ -698,10 +722,15 @@ def main(argv=None) -> int:
             f"{', '.join(GROUPS)}"
         )
     try:
-        if torch.device(args.device).type not in ("cpu", "cuda"):
+        if args.device is not None and torch.device(args.device).type not in ("cpu", "cuda"):
             raise RuntimeError
     except RuntimeError:
         raise ConfigError(f"--device {args.device!r}: use cpu, cuda or cuda:N") from None
+    gpu_device = None
+    if "gpu" in groups:  # refuse before anything runs when the device is not here
+        from benchmarks.gpu import resolve_device
+
+        gpu_device = str(resolve_device(args.device, args.smoke))
     set_quiet(args.quiet)
     stages = _Stages(_count_stages(groups))
     torch.manual_seed(0)
@@ -783,12 +812,18 @@ def main(argv=None) -> int:
         from benchmarks.models import bench_models
 
         results["models"] = bench_models(
-            smoke=args.smoke, repeats=args.repeats, device=args.device, stage=stages.next
+            smoke=args.smoke, repeats=args.repeats, device=args.device or "cpu", stage=stages.next
         )
     if "scale" in groups:
         from benchmarks.scale import bench_scale
 
         results["scale"] = bench_scale(smoke=args.smoke, stage=stages.next)
+    if "gpu" in groups:
+        from benchmarks.gpu import bench_gpu
+
+        results["gpu"] = bench_gpu(
+            device=gpu_device, smoke=args.smoke, repeats=args.repeats, stage=stages.next
+        )
     if "memory" in groups:
         stages.next("memory")
         n, r = (20, 1) if args.smoke else (1000, args.memory_rounds)
