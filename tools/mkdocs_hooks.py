@@ -6,6 +6,13 @@ fields' metadata (``help``, ``choices``) and grouped under the section comments 
 body (``# Sampler``, ``# Run``, ...). The table is built from the code at every build, so it
 cannot drift from the options that exist.
 
+The command-line page is made the same way from the ``argparse`` parsers of ``fedhmc``
+(``fedhmc.cli.main.build_parser``): ``<!-- cli-commands -->`` becomes the table of the
+subcommands, and ``<!-- cli-options: NAME -->`` the options of ``fedhmc NAME``, one table
+per group of its ``--help``. A subcommand's option that means the same as ``fedhmc run``'s
+(the same help) is named in one line instead of a second row. A page that has the commands
+table but no ``cli-options`` line for one of the commands fails the (strict) build.
+
 The tables that the paper experiments write (``results/paper-*/paper_*.md``) and the
 benchmark reports get the whole width of the window, results tables whose cells hold a
 spread ("0.8436 ± 0.0007") keep each value on one line, and no table breaks a name
@@ -14,12 +21,18 @@ spread ("0.8436 ± 0.0007") keep each value on one line, and no table breaks a n
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import html
 import inspect
+import logging
 import re
 
 MARKER = "<!-- runconfig-options -->"
+CLI_COMMANDS = "<!-- cli-commands -->"
+CLI_OPTIONS = re.compile(r"^<!-- cli-options: ([a-z-]+) -->$", re.M)
+
+log = logging.getLogger("mkdocs.hooks.fedhmc")  # under "mkdocs": a warning fails --strict
 
 
 def _sections(cls) -> dict[str, str]:
@@ -75,6 +88,143 @@ def options_table() -> str:
     return "\n".join(lines) + "\n"
 
 
+# ------------------------------------------------------------------ the command-line page
+def cli_commands() -> dict[str, argparse.ArgumentParser]:
+    """``fedhmc``'s subcommands (name → parser), in the order of ``fedhmc --help``."""
+    return dict(_subparsers(_fedhmc_parser()).choices)
+
+
+def _fedhmc_parser() -> argparse.ArgumentParser:
+    from fedhmc.cli.main import build_parser
+
+    return build_parser()
+
+
+def _subparsers(parser: argparse.ArgumentParser) -> argparse._SubParsersAction:
+    return next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+
+
+# An option or a word with a hyphen in help text (--rounds, rounds-to, paper-fmnist-*):
+# one line each.
+_HYPHENATED = re.compile(
+    r"(?<![\w\\-])(?:--?[A-Za-z][\w.\\*/=:]*|[\w.\\*/=:]+-[\w.\\*/=:]+)(?:-[\w.\\*/=:]+)*"
+)
+
+
+def _text(text: str) -> str:
+    """Help text as a Markdown table cell: code spans (`...`) as they are, and in the rest
+    no emphasis, link or HTML (``paper-fmnist-*``, ``fedhmc[tensorboard]``, ``<cell>``),
+    and no word broken at its hyphens (``--burn-in``)."""
+    parts = text.split("`")
+    for i in range(0, len(parts), 2):  # outside code spans
+        part = re.sub(r"([*_\[\]|])", r"\\\1", html.escape(parts[i], quote=False))
+        parts[i] = _HYPHENATED.sub(r'<span class="nowrap">\g<0></span>', part)
+    return "`".join(parts)  # a pipe in code does not split a row; escaped, it would show
+
+
+def _help(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    """The action's help as ``--help`` shows it (``%(default)s`` and ``%%`` expanded)."""
+    return parser._get_formatter()._expand_help(action) if action.help else ""
+
+
+def _option(action: argparse.Action) -> str:
+    """The option column: its flags, and its value's name where it takes one."""
+    if not action.option_strings:  # a positional argument
+        return f"`{action.metavar or action.dest.upper()}`"
+    flags = " / ".join(f"`{flag}`" for flag in action.option_strings)
+    if action.nargs == 0 or action.choices is not None:  # a flag; choices: in the meaning
+        return flags
+    metavar = action.metavar or action.dest.upper()
+    return f"{flags} `{metavar}`"
+
+
+def _meaning(parser: argparse.ArgumentParser, action: argparse.Action) -> str:
+    meaning = _text(_help(parser, action))
+    choices = [str(c) for c in action.choices or ()]
+    if choices and not all(c in meaning for c in choices):
+        listed = ", ".join(f"`{c}`" for c in choices)
+        meaning = f"{meaning} (one of {listed})" if meaning else f"one of {listed}"
+    return meaning
+
+
+def _shown(action: argparse.Action) -> bool:
+    return not isinstance(action, argparse._HelpAction) and action.help != argparse.SUPPRESS
+
+
+def cli_commands_table() -> str:
+    """The Markdown table of ``fedhmc``'s subcommands, each linked to its section."""
+    sub = _subparsers(_fedhmc_parser())
+    helps = {a.dest: a.help or "" for a in sub._choices_actions}
+    lines = ["| command | what it does |", "|---|---|"]
+    for name in sub.choices:
+        lines.append(f"| [`fedhmc {name}`](#fedhmc-{name}) | {_text(helps.get(name, ''))} |")
+    return "\n".join(lines) + "\n"
+
+
+def cli_options_table(name: str) -> str:
+    """The Markdown of ``fedhmc NAME``'s options: a table per group of its ``--help`` (the
+    positional arguments with the ungrouped options), then the options it shares with
+    ``fedhmc run``, named in one line."""
+    commands = cli_commands()
+    parser = commands[name]
+    run = commands.get("run")
+    same_as_run = set()
+    if run is not None and name != "run":
+        run_help = {a.option_strings[0]: _help(run, a) for a in run._actions if a.option_strings}
+        for a in parser._actions:
+            if (
+                _shown(a)
+                and a.option_strings
+                and run_help.get(a.option_strings[0]) == _help(parser, a)
+            ):
+                same_as_run.add(a)
+    groups: list[tuple[str, list[argparse.Action]]] = []
+    for group in parser._action_groups:
+        actions = [a for a in group._group_actions if _shown(a) and a not in same_as_run]
+        general = group.title in ("positional arguments", "options", "optional arguments")
+        if general and groups and groups[0][0] == "":
+            groups[0][1].extend(actions)
+        elif actions:
+            groups.append(("" if general else group.title, actions))
+    lines: list[str] = []
+    for title, actions in groups:
+        if len(groups) > 1:
+            lines += ["", f"**{(title or 'general').capitalize()}**", ""]
+        lines += ["| option | meaning |", "|---|---|"]
+        lines += [f"| {_option(a)} | {_meaning(parser, a)} |" for a in actions]
+    shared = [a for a in parser._actions if a in same_as_run]
+    if shared:
+        names = ", ".join(" / ".join(f"`{f}`" for f in a.option_strings) for a in shared)
+        lines += [
+            "",
+            f"{'It also takes' if groups else 'It takes'} these options of "
+            f"[`fedhmc run`](#fedhmc-run), which mean the same here: {names}.",
+        ]
+    return "\n".join(lines).strip("\n") + "\n"
+
+
+def expand_cli(markdown: str) -> tuple[str, list[str]]:
+    """The page with its ``cli-commands`` and ``cli-options`` lines expanded, and the
+    problems: a line naming no command, or (on the page with the commands table) a command
+    without its options line."""
+    problems: list[str] = []
+    commands = cli_commands()
+    named = CLI_OPTIONS.findall(markdown)
+    for name in named:
+        if name not in commands:
+            problems.append(f"<!-- cli-options: {name} -->: fedhmc has no command {name!r}")
+    if CLI_COMMANDS in markdown:
+        for name in commands:
+            if name not in named:
+                problems.append(f"fedhmc {name} has no <!-- cli-options: {name} --> line")
+        markdown = markdown.replace(CLI_COMMANDS, cli_commands_table())
+
+    def table(m: re.Match) -> str:
+        return cli_options_table(m.group(1)) if m.group(1) in commands else m.group(0)
+
+    return CLI_OPTIONS.sub(table, markdown), problems
+
+
 # Pages written by programs, as they are: the tables of the paper experiments
 # (`paper_*.md`) and the benchmark reports. Their tables are as wide as the program makes
 # them, so these pages get the whole width of the window.
@@ -86,6 +236,10 @@ def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001
         page.meta.setdefault("hide", ["navigation", "toc"])
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, options_table())
+    if CLI_COMMANDS in markdown or CLI_OPTIONS.search(markdown):
+        markdown, problems = expand_cli(markdown)
+        for problem in problems:
+            log.warning("%s: %s", page.file.src_uri, problem)
     return markdown
 
 

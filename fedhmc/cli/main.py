@@ -13,11 +13,28 @@ from fedhmc.cli.run import cmd_run
 from fedhmc.errors import FedHMCError, RunInterrupted
 
 
+def version() -> str:
+    """The installed distribution's version, or the package's own where it is not installed
+    (the source tree on the path)."""
+    from importlib.metadata import PackageNotFoundError
+    from importlib.metadata import version as dist_version
+
+    try:
+        return dist_version("fedhmc")
+    except PackageNotFoundError:
+        from fedhmc import __version__
+
+        return __version__
+
+
 def build_parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="fedhmc",
         description="Federated Averaging Hamiltonian Monte Carlo (FA-HMC) on one machine "
         "or on Flower.",
+    )
+    parser.add_argument(
+        "--version", action="version", version=f"%(prog)s {version()}", help="print the version"
     )
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     p_run = sub.add_parser(

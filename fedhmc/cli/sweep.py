@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import sys
 import time
 from pathlib import Path
 
@@ -34,7 +36,8 @@ def add_sweep_command(sub) -> None:
         help="run a grid of runs (resumable, parallel) into one tidy results table",
         description="Run the cartesian product of --grid (or --file's [grid]) on top of the "
         "other options, into DIR/cells/<cell-id>/, resuming completed cells; write "
-        "DIR/sweep.json and DIR/results.csv and print the final-round mean ± std over seeds.",
+        "DIR/sweep.json and DIR/results.csv and print the final-round mean ± std over seeds. "
+        "Exit status 1 when a cell failed (a diverged cell is a result, not a failure).",
     )
     g = p.add_argument_group("sweep")
     g.add_argument(
@@ -95,6 +98,7 @@ def cmd_sweep(args: argparse.Namespace) -> int:
         print(format_summary(summarize(rows)))
         if bad:
             print(f"{len(bad)} cell(s) not completed: " + ", ".join(f"{c} ({s})" for c, s in bad))
+    failed = report_failed_cells(out)  # on stderr, --quiet or not
     if metric:
         sel = select_best(rows, metric)
         path = write_selection(out, sel)
@@ -103,4 +107,33 @@ def cmd_sweep(args: argparse.Namespace) -> int:
             print(f"selection in {path}")
     if not args.quiet:
         print(f"table in {Path(out) / 'results.csv'}")
-    return 0
+    return 1 if failed else 0
+
+
+RESULTS = ("completed", "diverged")
+"""Cell statuses that are results: a diverged cell (a step size too large) is one, as its
+rerun would diverge again. Any other status (failed, interrupted, ...) is a failed cell."""
+
+
+def report_failed_cells(out: str | os.PathLike) -> int:
+    """The number of the sweep's cells that failed (their status is not in RESULTS), and,
+    when there are any, one line on stderr saying how many and where their errors are
+    (``out/sweep.json``), with the first one."""
+    path = Path(out) / "sweep.json"
+    try:
+        cells = json.loads(path.read_text())["cells"]
+    except (OSError, ValueError, KeyError, TypeError):
+        return 0  # run_sweep wrote it; nothing to report without it
+    failed = [c for c in cells if c.get("status") not in RESULTS]
+    if not failed:
+        return 0
+    first = failed[0]
+    error = " ".join(str(first.get("error") or first.get("status")).split())
+    if len(error) > 200:
+        error = error[:199] + "…"
+    print(
+        f"fedhmc sweep: {len(failed)} of {len(cells)} cells failed; each one's error is in "
+        f"{path} (the first, cell {first.get('id')}: {error})",
+        file=sys.stderr,
+    )
+    return len(failed)

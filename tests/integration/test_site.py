@@ -7,7 +7,12 @@ every page with the standard library's HTML parser:
 - no unrendered maths: no ``_{``, ``^{`` or ``$`` in text outside code and maths;
 - every page whose source has maths carries arithmatex's markup, and the site ships KaTeX;
 - every internal link, image, script and stylesheet resolves to a file of the site, and
-  every fragment of a link between pages to an id of the target page.
+  every fragment of a link between pages to an id of the target page;
+- opening a page makes no request off the machine: no script, stylesheet, font, image or
+  frame from another host (Google Fonts, a CDN), no ``url()`` or ``@import`` of one in a
+  stylesheet, and no repository widget whose script asks GitHub's API about the repository
+  (links to other sites, followed only when clicked, are fine);
+- the command-line page names every subcommand of ``fedhmc`` and every option of each.
 """
 
 from __future__ import annotations
@@ -92,7 +97,8 @@ def _source_has_math(md: Path) -> bool:
 @pytest.fixture(scope="module")
 def site(tmp_path_factory) -> Path:
     out = tmp_path_factory.mktemp("site")
-    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "--quiet", "-d", str(out)]
+    # Not --quiet: it drops mkdocs' warnings before --strict counts them, and the build passes.
+    cmd = [sys.executable, "-m", "mkdocs", "build", "--strict", "-d", str(out)]
     env = {**os.environ, "NO_MKDOCS_2_WARNING": "1"}
     proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env=env, timeout=600)
     assert proc.returncode == 0, proc.stdout + proc.stderr
@@ -187,3 +193,177 @@ def test_internal_links_and_images_resolve(pages, site):
                 if unquote(parts.fragment) not in pages[path].ids:
                     broken.append(f"{base}: {link} (no such anchor)")
     assert not broken, "broken internal links:\n" + "\n".join(broken[:40])
+
+
+# ----------------------------------------------------------------------- offline pages
+# Elements and attributes whose URL a browser loads when it opens the page (a link's href
+# is followed only when clicked; <link> loads for these rel values).
+LOADED = {
+    "script": ("src",),
+    "img": ("src", "srcset"),
+    "source": ("src", "srcset"),
+    "audio": ("src",),
+    "video": ("src", "poster"),
+    "track": ("src",),
+    "iframe": ("src",),
+    "embed": ("src",),
+    "object": ("data",),
+    "input": ("src",),
+}
+LOADING_RELS = {
+    "stylesheet",
+    "preconnect",
+    "dns-prefetch",
+    "preload",
+    "prefetch",
+    "modulepreload",
+    "icon",
+    "apple-touch-icon",
+    "manifest",
+}
+# Hosts that a page of a Material site reaches for unless told not to: Google Fonts (the
+# theme's default font) and GitHub's API (the repository widget of repo_url).
+KNOWN_HOSTS = ("fonts.googleapis.com", "fonts.gstatic.com", "api.github.com")
+CSS_URL = re.compile(
+    r"""url\(\s*['"]?\s*((?:https?:)?//[^'")\s]+)|@import\s+['"]((?:https?:)?//[^'"]+)"""
+)
+
+
+def _remote(url: str) -> bool:
+    parts = urlsplit(url.strip())
+    return bool(parts.netloc) or parts.scheme not in ("", "data", "blob")
+
+
+class Requests(HTMLParser):
+    """What a page loads from another host, and Material's repository widget."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.remote: list[str] = []
+        self.widgets = 0
+        self._style = False
+
+    def handle_starttag(self, tag, attrs):
+        a = {k: v or "" for k, v in attrs}
+        if a.get("data-md-component") == "source":
+            self.widgets += 1  # Material's script fetches the repository's facts for it
+        urls = []
+        for key in LOADED.get(tag, ()):
+            if a.get(key):
+                urls += (
+                    [u.split()[0] for u in a[key].split(",") if u.strip()]
+                    if key == "srcset"
+                    else [a[key]]
+                )
+        if tag == "link" and LOADING_RELS & set(a.get("rel", "").lower().split()):
+            urls.append(a.get("href", ""))
+        if a.get("style"):
+            urls += [u for pair in CSS_URL.findall(a["style"]) for u in pair if u]
+        self.remote += [f"<{tag}> {u}" for u in urls if u and _remote(u)]
+        self._style = tag == "style"
+
+    def handle_endtag(self, tag):
+        self._style = False
+
+    def handle_data(self, data):
+        if self._style:
+            self.remote += [f"<style> {u}" for pair in CSS_URL.findall(data) for u in pair if u]
+
+
+def offline_problems(site: Path) -> list[str]:
+    """Everything in the built ``site`` that makes a browser reach another host."""
+    bad = []
+    for html in sorted(site.rglob("*.html")):
+        text = html.read_text(encoding="utf-8")
+        name = str(html.relative_to(site))
+        page = Requests()
+        page.feed(text)
+        bad += [f"{name}: loads {r}" for r in page.remote]
+        if page.widgets:
+            bad.append(f"{name}: the repository widget (its script asks the host's API)")
+        bad += [f"{name}: names {h}" for h in KNOWN_HOSTS if h in text]
+    for css in sorted(site.rglob("*.css")):
+        for pair in CSS_URL.findall(css.read_text(encoding="utf-8", errors="replace")):
+            bad += [f"{css.relative_to(site)}: loads {u}" for u in pair if u]
+    return bad
+
+
+def test_opening_a_page_makes_no_request_off_the_machine(site):
+    bad = offline_problems(site)
+    assert not bad, "requests off the machine:\n" + "\n".join(bad[:40])
+
+
+def test_the_offline_check_finds_fonts_cdns_and_the_repository_widget(tmp_path):
+    page = tmp_path / "index.html"
+    page.write_text(
+        "<html><head>"
+        '<link rel="preconnect" href="https://fonts.gstatic.com" crossorigin>'
+        '<link rel="stylesheet" href="https://fonts.googleapis.com/css?family=Roboto">'
+        '<script src="//cdn.example.org/x.js"></script>'
+        '<link rel="canonical" href="https://example.org/">'
+        '<style>@import "https://example.org/a.css";</style>'
+        '</head><body><a href="https://github.com/o/r" class="md-source" '
+        'data-md-component="source">repo</a>'
+        '<img srcset="local.png 1x, https://example.org/b.png 2x">'
+        '<a href="https://example.org/">a plain link</a></body></html>'
+    )
+    (tmp_path / "x.css").write_text("a { background: url('https://example.org/c.png') }")
+    bad = offline_problems(tmp_path)
+    assert len([b for b in bad if "loads" in b]) == 6, bad
+    assert any("widget" in b for b in bad)
+    assert not any("a plain link" in b or "canonical" in b for b in bad)
+    (tmp_path / "x.css").unlink()
+    page.write_text('<html><body><a href="https://example.org/">a link</a></body></html>')
+    assert offline_problems(tmp_path) == []
+
+
+# ------------------------------------------------------------------- command-line page
+class Sections(HTMLParser):
+    """The text of every <code> element of each ``fedhmc NAME`` section (h2) of a page."""
+
+    def __init__(self):
+        super().__init__(convert_charrefs=True)
+        self.code: dict[str, set[str]] = {"": set()}
+        self.current = ""
+        self._code: list[str] | None = None
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "h2" and (a.get("id") or "").startswith("fedhmc-"):
+            self.current = a["id"].removeprefix("fedhmc-")
+            self.code[self.current] = set()
+        elif tag == "code":
+            self._code = []
+
+    def handle_endtag(self, tag):
+        if tag == "code" and self._code is not None:
+            self.code[self.current].add("".join(self._code).strip())
+            self._code = None
+
+    def handle_data(self, data):
+        if self._code is not None:
+            self._code.append(data)
+
+
+def test_the_command_line_page_names_every_command_and_option(site):
+    import argparse
+
+    from fedhmc.cli.main import build_parser
+
+    page = Sections()
+    page.feed((site / "cli" / "index.html").read_text(encoding="utf-8"))
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = []
+    for name, parser in sub.choices.items():
+        if name not in page.code:
+            missing.append(f"fedhmc {name}: no section")
+            continue
+        assert f"fedhmc {name}" in page.code[""], f"fedhmc {name} is not in the commands table"
+        for a in parser._actions:
+            if isinstance(a, argparse._HelpAction):
+                continue
+            for flag in a.option_strings or [a.metavar or a.dest.upper()]:
+                if flag not in page.code[name]:
+                    missing.append(f"fedhmc {name} {flag}")
+    assert not missing, "missing from the command-line page: " + ", ".join(missing)
+    assert {"--help", "fedhmc --version"} <= page.code[""]

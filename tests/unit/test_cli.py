@@ -199,3 +199,96 @@ def test_scaling_default_depends_on_dataset():
     # "none" is a real choice, not "unset".
     assert RunConfig.from_mapping({"scaling": "none"}).resolve().scaling == "none"
     assert RunConfig.from_mapping({"scaling": ""}).resolve().scaling == "standardize"
+
+
+def test_version_prints_the_installed_version(capsys):
+    from importlib.metadata import version
+
+    with pytest.raises(SystemExit) as e:
+        main(["--version"])
+    assert e.value.code == 0
+    assert capsys.readouterr().out.strip() == f"fedhmc {version('fedhmc')}"
+
+
+def test_version_falls_back_to_the_package_version(monkeypatch):
+    import importlib
+    import importlib.metadata
+
+    import fedhmc
+
+    cli_main = importlib.import_module("fedhmc.cli.main")  # the module, not its main()
+
+    def not_installed(name):
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", not_installed)
+    monkeypatch.setattr(fedhmc, "__version__", "9.8.7")
+    assert cli_main.version() == "9.8.7"
+
+
+# A --model factory of the tests: fail=yes makes it raise, so that one cell of a sweep fails
+# while its other cells run.
+FLAKY_FACTORY = """
+import torch
+
+
+def net(fail="no"):
+    if fail == "yes":
+        raise RuntimeError("boom: this factory fails on purpose")
+    return torch.nn.Linear(64, 10)
+"""
+
+SWEEP = ["sweep", "--rounds", "2", "--local-steps", "2", "--leapfrog-steps", "2"]
+
+
+@pytest.fixture
+def flaky_model(tmp_path, monkeypatch):
+    folder = tmp_path / "pkg"
+    folder.mkdir()
+    (folder / "flaky_factory_cli.py").write_text(FLAKY_FACTORY)
+    monkeypatch.syspath_prepend(str(folder))
+    return "flaky_factory_cli:net"
+
+
+def test_a_sweep_whose_cells_all_failed_exits_1_with_one_line_even_quiet(
+    tmp_path, capsys, flaky_model
+):
+    out = tmp_path / "sweep"
+    grid = ["--grid", "seed=0,1", "--model", flaky_model, "--model-arg", "fail=yes"]
+    code = main([*SWEEP, *grid, "--quiet", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1
+    assert captured.out == ""
+    lines = captured.err.strip().splitlines()
+    assert len(lines) == 1, captured.err
+    assert "2 of 2 cells failed" in lines[0]
+    assert str(out / "sweep.json") in lines[0] and "boom" in lines[0]
+    record = json.loads((out / "sweep.json").read_text())
+    assert [c["status"] for c in record["cells"]] == ["failed", "failed"]
+    assert all("boom" in c["error"] for c in record["cells"])
+
+
+def test_a_sweep_with_one_failed_cell_exits_1_and_names_it(tmp_path, capsys, flaky_model):
+    out = tmp_path / "sweep"
+    grid = ["--grid", "model-arg=fail=no,fail=yes", "--model", flaky_model]
+    code = main([*SWEEP, *grid, "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 1
+    record = json.loads((out / "sweep.json").read_text())
+    status = {c["settings"]["model-arg"]: c["status"] for c in record["cells"]}
+    assert status == {"fail=no": "completed", "fail=yes": "failed"}
+    failed = next(c["id"] for c in record["cells"] if c["status"] == "failed")
+    summary = [ln for ln in captured.err.splitlines() if "cells failed" in ln]
+    assert len(summary) == 1 and "1 of 2 cells failed" in summary[0] and failed in summary[0]
+    assert "table in" in captured.out  # the completed cell's table is still written
+    assert (out / "results.csv").exists()
+
+
+def test_a_sweep_whose_cells_completed_or_diverged_exits_0(tmp_path, capsys):
+    out = tmp_path / "sweep"
+    code = main([*SWEEP, "--grid", "step-size=0.01,1000", "--quiet", "--out", str(out)])
+    captured = capsys.readouterr()
+    assert code == 0  # a diverged cell is a result (a step size too large), not a failure
+    assert "failed" not in captured.err
+    record = json.loads((out / "sweep.json").read_text())
+    assert sorted(c["status"] for c in record["cells"]) == ["completed", "diverged"]
