@@ -8,10 +8,11 @@ repeats), in client-gradient evaluations per second of FA-HMC rounds
 1. **Generic against hand-written.** The built-in logistic regression and MLP
    (``fedhmc.models.nets``, closed-form and hand-written backpropagation) against the
    same models written as ordinary ``nn.Module`` s and sampled through
-   ``fedhmc.models.module.TorchModel`` (``vmap`` of ``functional_call``, one reverse
-   pass): ``nn.Linear``; a module with one parameter W of shape (F+1, C) applied to
-   [x, 1]; ``nn.Sequential(Linear, ReLU, Linear, ReLU, Linear)`` with the built-in
-   widths. Same data, clients, batch, step size, T and K; the ratio generic / hand-written.
+   ``fedhmc.models.module.TorchModel`` (``vmap`` of the module with θ's rows bound in as
+   ``functional_call`` would, one reverse pass): ``nn.Linear``; a module with one
+   parameter W of shape (F+1, C) applied to [x, 1]; ``nn.Sequential(Linear, ReLU,
+   Linear, ReLU, Linear)`` with the built-in widths. Same data, clients, batch, step
+   size, T and K; the ratio generic / hand-written.
 2. **LeNet-5 on Fashion-MNIST, 10 clients.** fedhmc's generic path with both batchings
    (``vmap`` and ``loop``; ``auto`` picks one by a fixed rule) against (a) a per-client
    Python loop of the same module with plain autograd (for each client: forward a
@@ -43,9 +44,9 @@ from fedhmc.algorithms import fahmc
 class AffineSoftmax(nn.Module):
     """Logistic regression as the built-in lays it out: logits = [x, 1] W, W (F+1, C)."""
 
-    def __init__(self, num_features: int, num_classes: int):
-        super().__init__()
-        self.W = nn.Parameter(torch.zeros(num_features + 1, num_classes))
+    def __init__(self, num_features: int, num_classes: int, device=None):
+        super().__init__()  # ``device`` as torch's layers take it (TorchModel moves it anyway)
+        self.W = nn.Parameter(torch.zeros(num_features + 1, num_classes, device=device))
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         x = x.flatten(1)
@@ -274,7 +275,8 @@ def _manual_loop(model, theta0, Xc, yc, b, steps, step_size, num_total, gen, dev
     def loop():
         for _ in range(steps):
             for c, m in enumerate(modules):
-                idx = torch.randint(0, Xc[c].shape[0], (b,), generator=gen).to(device)
+                n_c = Xc[c].shape[0]
+                idx = torch.randint(0, n_c, (b,), generator=gen, device=gen.device).to(device)
                 xb, yb = Xc[c][idx], yc[c][idx]
                 m.zero_grad(set_to_none=True)
                 loss = nn.functional.cross_entropy(m(xb), yb, reduction="sum") * scale

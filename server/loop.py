@@ -181,8 +181,12 @@ def serve(
                 return theta_bar, stats
             failed_rounds += 1
             if failed_rounds >= cfg.max_failed_rounds:
+                first = ""
+                if failed:  # the first failure's reason: often every client's
+                    nid, why = next(iter(failed.items()))
+                    first = f" (client {nid}, partition {sizes[nid][0]}: {why})"
                 raise FedHMCError(
-                    f"round {r}: no valid client reply in {failed_rounds} rounds; "
+                    f"round {r}: no valid client reply in {failed_rounds} rounds{first}; "
                     "see the log for each client's failure"
                 )
             state = algorithm.skip(state, settings)

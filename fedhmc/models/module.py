@@ -4,9 +4,14 @@ A module g_θ maps a batch of inputs (B, *features) to class logits (B, C). θ i
 vector of its parameters in ``named_parameters()`` order, each tensor flattened row-major,
 so ``nn.Linear(d, C)`` gives θ = (weight[C, d], bias[C]). The negative log-likelihood of a
 row (one chain and one client) is Σ_i sw_i ℓ(θ; x_i, y_i) with ℓ = −log softmax(g_θ(x))_y,
-and its gradient comes from ``torch.func``: ``functional_call`` puts a row's θ into the
-module, ``vmap`` maps the forward pass over every (chain, client) row in one batched
-computation, and one reverse pass (a vector-Jacobian product) gives every row's gradient.
+and its gradient comes from ``torch.func``: θ's rows are put into the module as
+``functional_call`` would, ``vmap`` maps the forward pass over every (chain, client) row in
+one batched computation, and one reverse pass (a vector-Jacobian product) gives every row's
+gradient. What does not change between calls is found once, when the model is built: where
+each parameter lives in the module (``functional_call``'s lookups, tied weights included)
+and θ's layout; a call only splits θ into views, swaps them in, runs one batching level of
+``vmap`` and swaps the parameters back. The numbers are ``functional_call``'s and
+``torch.func.vmap``'s bit for bit (tested); only their per-call Python work is gone.
 
 Where the batched computation is slower than a loop over rows (grouped convolutions on a
 CPU), ``TorchModel`` evaluates row by row instead; ``batching`` says which, and
@@ -30,11 +35,30 @@ from collections.abc import Callable
 
 import torch
 import torch.nn.functional as F
-from torch.func import functional_call, vmap
+from torch.func import vmap
 
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
+
+try:  # torch.func.vmap's own primitives: one batching level without its per-call checks
+    from torch._C._functorch import (
+        _add_batch_dim,
+        _remove_batch_dim,
+        _vmap_decrement_nesting,
+        _vmap_increment_nesting,
+    )
+    from torch._functorch.vmap import lazy_load_decompositions
+except ImportError:  # pragma: no cover - a torch without them: the public vmap
+    _vmap_increment_nesting = None
+
+DIRECT_VMAP = _vmap_increment_nesting is not None
+"""Whether ``TorchModel`` batches its rows through torch.func.vmap's primitives directly
+(one batching level: ``_vmap_increment_nesting``, ``_add_batch_dim``, ``_remove_batch_dim``)
+rather than through ``torch.func.vmap``, whose Python wrapper re-checks its arguments and
+flattens them at every call (about 50 µs, measured, as much as a small model's whole
+gradient). Both run the same batching rules, so they give the same numbers bit for bit
+(tested); a torch without the primitives uses ``torch.func.vmap``."""
 
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
@@ -198,8 +222,13 @@ class TorchModel:
             raise ConfigError(f"--model {name}: the module has no parameters to sample")
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self._sizes = [math.prod(s) for s in self.shapes.values()]
+        self._shape_list = list(self.shapes.values())
         self.dim = sum(self._sizes)
         self.device = torch.device(device)
+        self._slots = self._bind()
+        self._vmapped: dict[bool, Callable] = {}  # the public vmap's functions, built once
+        if DIRECT_VMAP:
+            lazy_load_decompositions()  # what torch.func.vmap does first at every call
         if batching == "auto":
             per_row = max(1, int(batch_size)) * max(1, example[0].numel())
             big = per_row >= AUTO_LOOP_VALUES
@@ -275,23 +304,77 @@ class TorchModel:
                     f" {str(e).splitlines()[0] if str(e) else ''}); add --model-batching loop"
                 ) from None
 
+    def __getstate__(self) -> dict:
+        """For pickling and ``copy``: without the vmapped closures (rebuilt on use)."""
+        return {**self.__dict__, "_vmapped": {}}
+
+    def _bind(self) -> list[tuple[torch.nn.Module, str, int]]:
+        """(submodule, attribute, index in θ's parameters) of every name under which a
+        parameter is reachable: what ``functional_call`` would look up and swap at every
+        call, found once. A parameter shared by several submodules (tied weights) is listed
+        under each of its names, with the index of its first (``functional_call``'s
+        ``tie_weights``)."""
+        index = {id(p): i for i, p in enumerate(self.net.parameters())}
+        slots = []
+        for name, p in self.net.named_parameters(remove_duplicate=False):
+            prefix, _, attr = name.rpartition(".")
+            owner = self.net.get_submodule(prefix) if prefix else self.net
+            slots.append((owner, attr, index[id(p)]))
+        return slots
+
+    def _forward(self, *args: torch.Tensor) -> torch.Tensor:
+        """The module's outputs with its parameters replaced by ``args[:-1]`` (θ's parts,
+        in ``named_parameters()`` order) on the inputs ``args[-1]``: ``functional_call``
+        without its per-call lookups (the same swap of the submodules' ``_parameters``)."""
+        slots = self._slots
+        saved = [owner._parameters[attr] for owner, attr, _ in slots]
+        try:
+            for owner, attr, i in slots:
+                owner._parameters[attr] = args[i]
+            return self.net(args[-1])
+        finally:
+            for (owner, attr, _), t in zip(slots, saved, strict=True):
+                owner._parameters[attr] = t
+
+    def _vmap(self, parts: list[torch.Tensor], X: torch.Tensor, shared: bool) -> torch.Tensor:
+        """``vmap(self._forward)`` over the rows of θ's ``parts`` (M, *shape) and of ``X``
+        (M, B, …), or with one ``X`` (n, …) for every row (``shared``)."""
+        if not DIRECT_VMAP:
+            f = self._vmapped.get(shared)
+            if f is None:
+                in_dims = (0,) * len(parts) + (None if shared else 0,)
+                f = self._vmapped[shared] = vmap(self._forward, in_dims=in_dims)
+            return f(*parts, X)
+        M = parts[0].shape[0]
+        level = _vmap_increment_nesting(M, "error")
+        try:
+            args = [_add_batch_dim(t, 0, level) for t in parts]
+            args.append(X if shared else _add_batch_dim(X, 0, level))
+            out = self._forward(*args)
+            if not isinstance(out, torch.Tensor):
+                raise ValueError(f"the module returned a {type(out).__name__}, not a tensor")
+            return _remove_batch_dim(out, level, M, 0)
+        finally:
+            _vmap_decrement_nesting()
+
     # ----------------------------------------------------------------- layout
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
         """θ (D,) from a name → tensor mapping, in ``named_parameters()`` order."""
         return torch.cat([params[k].reshape(-1) for k in self.shapes])
 
-    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
-        """Name → tensor views of θ (..., D).
+    def _parts(self, theta: torch.Tensor) -> list[torch.Tensor]:
+        """θ (..., D) as views (..., *shape), one per parameter in θ's order.
 
         One ``split`` rather than a slice per parameter: the reverse pass then concatenates
         the parameters' gradients once instead of filling a zeroed θ-sized gradient per
         parameter (1.4–1.7× faster for an MLP at small batches, measured)."""
-        parts = torch.split(theta, self._sizes, dim=-1)
         lead = theta.shape[:-1]
-        return {
-            name: part.reshape(*lead, *shape)
-            for (name, shape), part in zip(self.shapes.items(), parts, strict=True)
-        }
+        parts = torch.split(theta, self._sizes, dim=-1)
+        return [p.reshape(*lead, *s) for p, s in zip(parts, self._shape_list, strict=True)]
+
+    def unflatten(self, theta: torch.Tensor) -> dict[str, torch.Tensor]:
+        """Name → tensor views of θ (..., D)."""
+        return dict(zip(self.shapes, self._parts(theta), strict=True))
 
     def parameter_layout(self) -> list[tuple[str, tuple[int, ...]]]:
         """(name, shape) of every parameter, in θ's order (the ArviZ export names them)."""
@@ -330,7 +413,7 @@ class TorchModel:
         if kind in ("auto", "module"):
             return self.module_init([int(k) for k in keys.tolist()]).to(dtype)
         if kind == "zeros":
-            return torch.zeros(keys.shape[0], self.dim, dtype=dtype)
+            return torch.zeros(keys.shape[0], self.dim, dtype=dtype, device=keys.device)
         if kind == "normal":
             return rng.normal(keys, 0, self.dim, dtype)
         raise ConfigError(
@@ -343,17 +426,20 @@ class TorchModel:
         """Features as they are: the module sees the data's own shape."""
         return X
 
-    def _logits(self, theta_row: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        return functional_call(self.net, self.unflatten(theta_row), (X,))
-
-    def _rows_nll(self, theta: torch.Tensor, X: torch.Tensor, y, sw) -> torch.Tensor:
-        """Σ_i sw_i ℓ of each row, (M,), differentiable in θ (M, D)."""
+    def _rows_logits(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
+        """The logits (M, B, C) of every row: θ (M, D) on X (M, B, *features)."""
+        parts = self._parts(theta)
         if self.batching == "vmap":
-            logits = vmap(self._logits)(theta, X)
-        else:
-            logits = torch.stack([self._logits(theta[m], X[m]) for m in range(theta.shape[0])])
-        logp = F.log_softmax(logits, dim=-1)
-        return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+            return self._vmap(parts, X, shared=False)
+        rows = self._rows(parts)
+        return torch.stack([self._forward(*r, x) for r, x in zip(rows, X.unbind(0), strict=True)])
+
+    @staticmethod
+    def _rows(parts: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
+        """θ's parts (M, *shape) as M rows of parts, for the loop: ``unbind``, whose reverse
+        pass is one stack per parameter, rather than θ[m] (a zeroed θ-sized gradient per
+        row, summed over the rows)."""
+        return list(zip(*(p.unbind(0) for p in parts), strict=True))
 
     def loss_grad(
         self,
@@ -366,27 +452,41 @@ class TorchModel:
         """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of each row m and its gradient.
 
         theta (M, D), X (M, B, *features), y (M, B), sw (M, B); returns (M, D) and (M,).
-        One forward pass of every row (``vmap`` of ``functional_call``, or a loop), then
+        One forward pass of every row (``vmap`` of the bound module, or a loop), then
         one reverse pass: the rows are independent, so the gradient of their sum with
         respect to θ (M, D) is every row's own gradient (a vector-Jacobian product with
         ones). Measured faster than ``vmap(grad)`` at small batches, where per-call
         overhead dominates.
+
+        Autograd records only the module: the loss's gradient with respect to the logits
+        is computed here by the kernels autograd's reverse pass of ``log_softmax`` and
+        ``gather`` would call (``scatter_add`` of −sw into zeros, then
+        ``_log_softmax_backward_data``), with the same numbers (tested against
+        autograd through the whole loss) and seven fewer nodes for the autograd engine.
         """
         with torch.enable_grad():
             th = theta.detach().requires_grad_(True)
-            nll = self._rows_nll(th, X, y, sw)
-            (g,) = torch.autograd.grad(nll.sum(), th)
-        return g, (nll.detach() if need_value else None)
+            logits = self._rows_logits(th, X)
+        with torch.no_grad():
+            logp = F.log_softmax(logits, dim=-1)
+            yy = y.unsqueeze(-1)
+            nll = -(logp.gather(-1, yy).squeeze(-1) * sw).sum(-1) if need_value else None
+            g_logp = torch.zeros_like(logp).scatter_add_(-1, yy, sw.neg().unsqueeze(-1))
+            g_logits = torch._log_softmax_backward_data(g_logp, logp, -1, logp.dtype)
+        (g,) = torch.autograd.grad(logits, th, g_logits)
+        return g, nll
 
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """Class log-probabilities (S, n, C) of ``X`` (n, *features) under each θ (S, D)."""
+        parts = self._parts(theta)
+        rows = None if self.batching == "vmap" else self._rows(parts)
         outs = []
         for start in range(0, X.shape[0], PREDICT_CHUNK):
             x = X[start : start + PREDICT_CHUNK]
-            if self.batching == "vmap":
-                out = vmap(self._logits, in_dims=(0, None))(theta, x)
+            if rows is None:
+                out = self._vmap(parts, x, shared=True)
             else:
-                out = torch.stack([self._logits(t, x) for t in theta])
+                out = torch.stack([self._forward(*r, x) for r in rows])
             outs.append(F.log_softmax(out, dim=-1))
         return torch.cat(outs, dim=1)
 

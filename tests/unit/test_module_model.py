@@ -29,7 +29,7 @@ class LogisticLayout(nn.Module):
 
     def __init__(self, num_features: int = F, num_classes: int = C):
         super().__init__()
-        self.W = nn.Parameter(torch.zeros(num_features + 1, num_classes))
+        self.W = nn.Parameter(torch.zeros(num_features + 1, num_classes, device="cpu"))
 
     def forward(self, x):
         ones = torch.ones(*x.shape[:-1], 1, dtype=x.dtype, device=x.device)
@@ -87,18 +87,24 @@ def test_generic_mlp_layout_gives_the_builtin_chain(tmp_path):
 @pytest.mark.parametrize("batching", ["vmap", "loop"])
 def test_nn_linear_gradients_and_energies_equal_the_builtin(batching):
     torch.manual_seed(0)
-    parts = [(torch.randn(n, F, dtype=torch.float64), torch.randint(0, C, (n,))) for n in (30, 50)]
+    parts = [
+        (
+            torch.randn(n, F, dtype=torch.float64, device="cpu"),
+            torch.randint(0, C, (n,), device="cpu"),
+        )
+        for n in (30, 50)
+    ]
     builtin = DataTarget(LogisticRegression(F, C), parts, 8, 1.0, dtype=torch.float64)
     generic_model = TorchModel(
         lambda: nn.Linear(F, C), C, parts[0][0][:4], batching=batching, dtype=torch.float64
     )
     generic = DataTarget(generic_model, parts, 8, 1.0, dtype=torch.float64)
     S, N = 3, 2
-    W = torch.randn(S, N, F + 1, C, dtype=torch.float64) * 0.1  # built-in layout
+    W = torch.randn(S, N, F + 1, C, dtype=torch.float64, device="cpu") * 0.1  # built-in layout
     theta_b = W.reshape(S, N, -1)
     # nn.Linear's layout: weight (C, F) row-major, then bias (C)
     theta_g = torch.cat([W[..., :F, :].transpose(-1, -2).reshape(S, N, -1), W[..., F, :]], -1)
-    keys = rng.derive(7, torch.arange(S * N).view(S, N))
+    keys = rng.derive(7, torch.arange(S * N, device="cpu").view(S, N))
     for index in (0, 5):
         gb, eb = builtin.grad(theta_b.clone(), keys, index)
         gg, eg = generic.grad(theta_g.clone(), keys, index)
@@ -113,11 +119,13 @@ def test_nn_linear_gradients_and_energies_equal_the_builtin(batching):
 def test_mlp_generic_gradients_match_handwritten_backprop():
     torch.manual_seed(1)
     hand = MLP(F, C, (16, 8))
-    gen = TorchModel(lambda: mlp_layout((16, 8)), C, torch.randn(4, F), dtype=torch.float64)
-    theta = torch.randn(5, hand.dim, dtype=torch.float64) * 0.2
-    X = torch.randn(5, 12, F, dtype=torch.float64)
-    y = torch.randint(0, C, (5, 12))
-    sw = torch.rand(5, 12, dtype=torch.float64)
+    gen = TorchModel(
+        lambda: mlp_layout((16, 8)), C, torch.randn(4, F, device="cpu"), dtype=torch.float64
+    )
+    theta = torch.randn(5, hand.dim, dtype=torch.float64, device="cpu") * 0.2
+    X = torch.randn(5, 12, F, dtype=torch.float64, device="cpu")
+    y = torch.randint(0, C, (5, 12), device="cpu")
+    sw = torch.rand(5, 12, dtype=torch.float64, device="cpu")
     g1, v1 = hand.loss_grad(theta, X, y, sw)
     g2, v2 = gen.loss_grad(theta, X, y, sw)
     assert torch.allclose(g1, g2, rtol=1e-10, atol=1e-12)
@@ -136,17 +144,21 @@ def test_images_keep_their_shape_to_the_model():
             seen.append(tuple(x.shape[1:]))
             return self.lin(x.flatten(1))
 
-    X = torch.randn(20, 1, 4, 4)
-    y = torch.randint(0, 3, (20,))
+    X = torch.randn(20, 1, 4, 4, device="cpu")
+    y = torch.randint(0, 3, (20,), device="cpu")
     model = TorchModel(Probe, 3, X[:4])
     target = DataTarget(model, [(X[:10], y[:10]), (X[10:], y[10:])], 4, 1.0)
     seen.clear()
-    target.grad(torch.zeros(2, 2, model.dim), rng.derive(0, torch.arange(4).view(2, 2)), 0)
+    target.grad(
+        torch.zeros(2, 2, model.dim, device="cpu"),
+        rng.derive(0, torch.arange(4, device="cpu").view(2, 2)),
+        0,
+    )
     assert seen and all(s == (1, 4, 4) for s in seen)
 
 
 def test_theta_is_named_parameters_in_order():
-    model = TorchModel(lambda: mlp_layout((5,)), C, torch.randn(4, F))
+    model = TorchModel(lambda: mlp_layout((5,)), C, torch.randn(4, F, device="cpu"))
     assert [n for n, _ in model.parameter_layout()] == ["0.weight", "0.bias", "2.weight", "2.bias"]
     assert model.dim == 5 * F + 5 + C * 5 + C
 
@@ -175,7 +187,7 @@ class _Counter(nn.Module):
     def __init__(self):
         super().__init__()
         self.lin = nn.Linear(F, C)
-        self.register_buffer("calls", torch.zeros(()))
+        self.register_buffer("calls", torch.zeros((), device="cpu"))
 
     def forward(self, x):
         self.calls += 1
@@ -188,7 +200,7 @@ class _Noisy(nn.Module):
         self.lin = nn.Linear(F, C)
 
     def forward(self, x):
-        return self.lin(x) + torch.randn(x.shape[0], C)
+        return self.lin(x) + torch.randn(x.shape[0], C, device=x.device)
 
 
 def _not_a_module():
@@ -299,7 +311,7 @@ def test_every_model_satisfies_the_model_protocol():
     for model in (
         LogisticRegression(F, C),
         MLP(F, C, (4,)),
-        TorchModel(lambda: nn.Linear(F, C), C, torch.randn(2, F)),
+        TorchModel(lambda: nn.Linear(F, C), C, torch.randn(2, F, device="cpu")),
     ):
         assert isinstance(model, Model)
 
@@ -320,6 +332,137 @@ def test_model_batching_is_an_option_and_both_give_the_same_chain(tmp_path):
     a = _final(_base(model=mlp_layout, model_batching="vmap"), tmp_path, "v")
     b = _final(_base(model=mlp_layout, model_batching="loop"), tmp_path, "l")
     assert _rel(a, b) < 1e-10
+
+
+class _Tied(nn.Module):
+    """Two layers sharing one weight (tied), then a head: θ holds the shared weight once."""
+
+    def __init__(self):
+        super().__init__()
+        self.a = nn.Linear(F, 16)
+        self.b = nn.Linear(F, 16)
+        self.b.weight = self.a.weight
+        self.head = nn.Linear(16, C)
+
+    def forward(self, x):
+        return self.head(torch.tanh(self.a(x)) * torch.sigmoid(self.b(x)))
+
+
+def _reference(model, theta, X, y, sw):
+    """What TorchModel computed before its binding was built once: ``torch.func.vmap`` of
+    ``functional_call`` on θ's views made at every call (or a loop of it), one reverse pass;
+    and the log-probabilities of every row's θ on ``X`` flattened to one set of examples."""
+    from torch.func import functional_call, vmap
+
+    def logits(row, x):
+        return functional_call(model.net, model.unflatten(row), (x,))
+
+    with torch.enable_grad():
+        th = theta.detach().requires_grad_(True)
+        if model.batching == "vmap":
+            out = vmap(logits)(th, X)
+        else:
+            out = torch.stack([logits(th[m], X[m]) for m in range(th.shape[0])])
+        logp = torch.log_softmax(out, dim=-1)
+        nll = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+        (g,) = torch.autograd.grad(nll.sum(), th)
+    Xs = X.reshape(-1, *X.shape[2:])
+    with torch.no_grad():
+        if model.batching == "vmap":
+            out = vmap(logits, in_dims=(0, None))(theta, Xs)
+        else:
+            out = torch.stack([logits(t, Xs) for t in theta])
+    return g, nll.detach(), Xs, torch.log_softmax(out, dim=-1)
+
+
+def _devices():
+    return ["cpu"] + (["cuda"] if torch.cuda.is_available() else [])
+
+
+@pytest.mark.parametrize("device", _devices())
+@pytest.mark.parametrize("direct", [True, False])
+@pytest.mark.parametrize("batching", ["vmap", "loop"])
+@pytest.mark.parametrize("factory", [lambda: mlp_layout((16, 8)), _Tied], ids=["mlp", "tied"])
+def test_the_bound_path_equals_functional_call_bit_for_bit_at_every_shape(
+    factory, batching, direct, device, monkeypatch
+):
+    """The binding, θ's views and the batched function are built once: calls at changing
+    numbers of rows and batch sizes, repeated, give exactly functional_call's numbers, and
+    leave the module's own parameters in place."""
+    import fedhmc.models.module as module
+
+    if direct and not module.DIRECT_VMAP:
+        pytest.skip("this torch lacks vmap's primitives: only the public vmap path runs")
+    monkeypatch.setattr(module, "DIRECT_VMAP", direct)
+    dev = torch.device(device)
+    gen = torch.Generator(device="cpu").manual_seed(3)
+    ex = torch.randn(4, F, generator=gen, dtype=torch.float64, device="cpu").to(dev)
+    model = TorchModel(factory, C, ex, batching=batching, dtype=torch.float64, device=dev)
+    own = {k: p for k, p in model.net.named_parameters()}
+    for M, B in [(3, 5), (7, 16), (1, 1), (3, 5), (7, 16)]:
+        theta = torch.randn(M, model.dim, generator=gen, dtype=torch.float64, device="cpu") * 0.3
+        X = torch.randn(M, B, F, generator=gen, dtype=torch.float64, device="cpu")
+        y = torch.randint(0, C, (M, B), generator=gen, device="cpu")
+        sw = torch.rand(M, B, generator=gen, dtype=torch.float64, device="cpu")
+        theta, X, y, sw = (t.to(dev) for t in (theta, X, y, sw))
+        g_ref, v_ref, Xs, lp_ref = _reference(model, theta, X, y, sw)
+        for _ in range(2):
+            g, v = model.loss_grad(theta, X, y, sw)
+            assert torch.equal(g, g_ref) and torch.equal(v, v_ref)
+            assert g.device == dev and g.shape == (M, model.dim)
+            assert torch.equal(model.log_probs(theta, Xs), lp_ref)
+        g_only, none = model.loss_grad(theta, X, y, sw, need_value=False)
+        assert none is None and torch.equal(g_only, g_ref)
+    assert {k: p for k, p in model.net.named_parameters()} == own  # the same Parameters
+    assert all(type(p) is nn.Parameter for p in model.net.parameters())
+
+
+@pytest.mark.parametrize("direct", [True, False])
+def test_a_pickled_or_copied_model_binds_its_own_module(direct, monkeypatch):
+    import copy
+    import pickle
+
+    import fedhmc.models.module as module
+
+    monkeypatch.setattr(module, "DIRECT_VMAP", direct and module.DIRECT_VMAP)
+    model = TorchModel(_Tied, C, torch.randn(4, F, device="cpu"))
+    theta = torch.randn(3, model.dim, device="cpu")
+    X = torch.randn(3, 5, F, device="cpu")
+    y = torch.randint(0, C, (3, 5), device="cpu")
+    sw = torch.rand(3, 5, device="cpu")
+    g, v = model.loss_grad(theta, X, y, sw)
+    for other in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
+        own = {id(m) for m in other.net.modules()}
+        assert all(id(owner) in own for owner, _, _ in other._slots)  # not model's module
+        g2, v2 = other.loss_grad(theta, X, y, sw)
+        assert torch.equal(g2, g) and torch.equal(v2, v)
+
+
+def test_a_failing_forward_leaves_the_module_as_it_was():
+    class Fails(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.lin = nn.Linear(F, C)
+            self.fail = False
+
+        def forward(self, x):
+            out = self.lin(x)
+            if self.fail:
+                raise RuntimeError("boom")
+            return out
+
+    model = TorchModel(Fails, C, torch.randn(4, F, device="cpu"))
+    weight = model.net.lin.weight
+    model.net.fail = True
+    theta = torch.zeros(2, model.dim, device="cpu")
+    X = torch.randn(2, 3, F, device="cpu")
+    y = torch.zeros(2, 3, dtype=torch.int64, device="cpu")
+    with pytest.raises(RuntimeError, match="boom"):
+        model.loss_grad(theta, X, y, torch.ones(2, 3, device="cpu"))
+    assert model.net.lin.weight is weight
+    model.net.fail = False  # and the batching level was left: the next call works
+    g, _ = model.loss_grad(theta, X, y, torch.ones(2, 3, device="cpu"))
+    assert g.shape == (2, model.dim)
 
 
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
