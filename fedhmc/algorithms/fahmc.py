@@ -599,30 +599,9 @@ def client_update(
     chains = torch.arange(S, device=theta_bar.device)
     shared, private = round_keys(message.round_seed, seeds, message.round, chains)
     reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
-    graphs = getattr(target, "graphs", None)
-    if graphs is not None and not reshuffle and not settings.leapfrog_sync:
-        return _graphed_round(graphs, message, target, settings, shared, private, correction)
-    return local_iterations(
-        target,
-        theta_bar.unsqueeze(1).expand(S, M, D),
-        shared,
-        private,
-        settings,
-        correction,
-        round_=message.round,
-        momentum=None if message.momentum is None else message.momentum.unsqueeze(1),
-        origin=None if message.origin is None else message.origin.unsqueeze(1),
-        reshuffle_keys=data_keys(seeds, chains) if reshuffle else None,
-    )
-
-
-def _graphed_round(graphs, message, target, settings, shared, private, correction):
-    """`local_iterations` of a round of Algorithm 3 through the target's CUDA graphs
-    (``fedhmc.core.graphs``): every such round runs the same kernels, on new keys."""
-    theta_bar = message.position
-    S, D = theta_bar.shape
-    M = int(private.shape[1])
-    r = message.round
+    momentum = None if message.momentum is None else message.momentum.unsqueeze(1)
+    origin = None if message.origin is None else message.origin.unsqueeze(1)
+    reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
 
     def round_fn(theta_bar, shared, private, correction):
         u = local_iterations(
@@ -632,17 +611,29 @@ def _graphed_round(graphs, message, target, settings, shared, private, correctio
             private,
             settings,
             correction,
-            round_=r,  # a round of Algorithm 3 does not depend on its number
+            round_=message.round,
+            momentum=momentum,
+            origin=origin,
+            reshuffle_keys=reshuffle_keys,
         )
-        return u.position, u.energy, u.energy_error
+        return u.position, u.energy, u.energy_error, u.momentum
 
-    key = (target, settings, S, M, D, theta_bar.dtype, correction is None)
-    position, energy, energy_error = graphs(key, round_fn, (theta_bar, shared, private, correction))
+    inputs = (theta_bar, shared, private, correction)
+    graphs = getattr(target, "graphs", None)
+    if graphs is not None and not reshuffle and not settings.leapfrog_sync:
+        # Every round of Algorithm 3 runs the same kernels on new inputs: replayed from a
+        # CUDA graph (fedhmc.core.graphs); its number and the closure's other values are
+        # the same in every round of the kind the key names.
+        key = (target, settings, S, M, D, theta_bar.dtype, correction is None)
+        position, energy, energy_error, p = graphs(key, round_fn, inputs)
+    else:
+        position, energy, energy_error, p = round_fn(*inputs)
     return ClientUpdate(
         position=position,
         energy=energy,
         energy_error=energy_error,
-        grad_evals=settings.evals_in_round(r) * S * M,
+        grad_evals=settings.evals_in_round(message.round) * S * M,
+        momentum=p,
     )
 
 
