@@ -20,6 +20,10 @@ from fedhmc.algorithms import fahmc
 from fedhmc.runtime.config import RunConfig
 
 FMNIST_DIR = Path("/usr/share/datasets/fashion-mnist")
+"""Where the Debian package ``dataset-fashion-mnist`` puts Fashion-MNIST: one of the places
+`fmnist_dir` looks in, after ``--data-dir`` and ``$FEDHMC_DATA``."""
+
+DATA_ENV = "FEDHMC_DATA"
 
 
 @dataclass
@@ -74,8 +78,57 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
+def fmnist_places() -> list[Path]:
+    """Where Fashion-MNIST is looked for, in order, as ``fedhmc run`` looks: ``--data-dir``
+    (``python -m benchmarks --data-dir`` sets ``$FEDHMC_DATA``), ``$FEDHMC_DATA``, the
+    Debian folder, the cache (``fedhmc_datasets.locate.search_dirs``)."""
+    from fedhmc_datasets import locate
+
+    return locate.search_dirs(None, [locate.DEBIAN_FASHION_MNIST_DIR])
+
+
+def fmnist_dir() -> Path | None:
+    """The first folder of `fmnist_places` that holds the four IDX files (directly, in
+    ``fashion-mnist/`` or in ``FashionMNIST/raw/``; each file as it is or ``.gz``), or None."""
+    from fedhmc_datasets.mnist import IDX_FILES
+
+    for base in fmnist_places():
+        for folder in (base / "FashionMNIST" / "raw", base / "fashion-mnist", base):
+            if all(
+                (folder / name).is_file() or (folder / f"{name}.gz").is_file() for name in IDX_FILES
+            ):
+                return folder
+    return None
+
+
 def fmnist_available() -> bool:
-    return (FMNIST_DIR / "train-images-idx3-ubyte.gz").exists() or any(FMNIST_DIR.glob("*"))
+    """Whether Fashion-MNIST is where ``fedhmc run`` would find it (`fmnist_dir`)."""
+    return fmnist_dir() is not None
+
+
+def fmnist_missing() -> str:
+    """Where Fashion-MNIST was looked for, for a note that skips what needs it."""
+    looked = ", ".join(str(d) for d in fmnist_places())
+    return f"no Fashion-MNIST in {looked} (give --data-dir DIR or set {DATA_ENV})"
+
+
+def use_data_dir(data_dir: str | None) -> None:
+    """``--data-dir DIR``: where the benchmark's data sets are looked for first, in this
+    process and the ones it starts (through ``$FEDHMC_DATA``, as ``fedhmc experiment
+    --data-dir`` does); a folder that does not exist is a one-line error."""
+    import os
+
+    from fedhmc.errors import ConfigError
+
+    if data_dir is None:
+        return
+    folder = Path(data_dir).expanduser()
+    if not folder.is_dir():
+        raise ConfigError(
+            f"--data-dir {data_dir}: no such folder; give the folder that holds the data "
+            f"sets' files (or drop --data-dir to use ${DATA_ENV} and the usual places)"
+        )
+    os.environ[DATA_ENV] = str(folder.resolve())
 
 
 def interleaved(fns: dict, repeats: int) -> dict[str, float]:

@@ -59,15 +59,16 @@ from pathlib import Path
 import torch
 
 from benchmarks.common import (
-    FMNIST_DIR,
     Shape,
     child_env,
     engine_fn,
     fmnist_available,
+    fmnist_missing,
     interleaved,
     posteriors_fn,
     quiet_env,
     shape_config,
+    use_data_dir,
 )
 from fedhmc.algorithms import fahmc
 from fedhmc.core.progress import bar, set_quiet
@@ -709,8 +710,16 @@ def main(argv=None) -> int:
         "gpu group (default cuda; cpu checks it without a GPU); the other groups run on the "
         "CPU",
     )
+    ap.add_argument(
+        "--data-dir",
+        default=None,
+        metavar="DIR",
+        help="folder holding the data sets' files, looked in first (as fedhmc run "
+        "--data-dir; default: $FEDHMC_DATA, then the usual places)",
+    )
     ap.add_argument("--quiet", action="store_true", help="no progress; only the report")
     args = ap.parse_args(argv)
+    use_data_dir(args.data_dir)
     if args.only is not None:
         groups = {g.strip() for g in args.only.split(",")}
     else:
@@ -750,7 +759,7 @@ def main(argv=None) -> int:
         if shape.key not in groups:
             continue
         if shape.dataset == "fashion-mnist" and not have_fmnist:
-            results["notes"].append(f"{shape.label} skipped: no data in {FMNIST_DIR}")
+            results["notes"].append(f"{shape.label} skipped: {fmnist_missing()}")
             continue
         if args.smoke and (shape.dataset == "fashion-mnist" or shape.num_clients > 20):
             continue
@@ -799,7 +808,7 @@ def main(argv=None) -> int:
         if args.smoke:
             pass  # Ray start-up alone takes longer than a smoke run may
         elif not have_fmnist:
-            results["notes"].append(f"Flower vs engine skipped: no data in {FMNIST_DIR}")
+            results["notes"].append(f"Flower vs engine skipped: {fmnist_missing()}")
         else:
             stages.next("Flower vs engine")
             results["flower"] = bench_flower(args.flower_rounds, 50, 10)

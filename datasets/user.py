@@ -24,9 +24,11 @@ not declare; scale such features yourself (e.g. ``x / 255``) before loading.
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import weakref
 import zipfile
+import zlib
 from pathlib import Path
 
 import numpy as np
@@ -157,6 +159,33 @@ def _labels(y: np.ndarray, name: str) -> np.ndarray:
     return y.astype(np.int64)
 
 
+_WARNED: set[tuple] = set()
+
+
+def _warn_unseen_test_labels(
+    ytr: np.ndarray, yte: np.ndarray, num_classes: int, name: str = ""
+) -> None:
+    """One line on stderr when ``y_test`` holds labels that no training example has: no
+    model can learn them, and a large one silently adds classes (label 99 makes 100).
+    Said once per data set and process (a run loads its data more than once)."""
+    unseen = np.setdiff1d(np.unique(yte), np.unique(ytr))
+    key = (name, tuple(int(v) for v in unseen[:64]), len(ytr), len(yte))
+    if unseen.size == 0 or key in _WARNED:
+        return
+    _WARNED.add(key)
+    import sys
+
+    shown = ", ".join(str(int(v)) for v in unseen[:5]) + (", ..." if unseen.size > 5 else "")
+    count = int(np.isin(yte, unseen).sum())
+    print(
+        f"fedhmc: warning: y_test holds label{'s' if unseen.size > 1 else ''} {shown} "
+        f"({count} of {len(yte)} test examples) that no training example has; no model can "
+        f"predict {'them' if unseen.size > 1 else 'it'}, and the data count {num_classes} "
+        "classes: check the labels",
+        file=sys.stderr,
+    )
+
+
 def _split(
     x_train,
     y_train,
@@ -211,6 +240,7 @@ def _split(
                 f"{label_name} holds label {int(y.max())}, out of range for num_classes="
                 f"{num_classes}; labels must be 0 .. {num_classes - 1}, or raise num_classes"
             )
+    _warn_unseen_test_labels(ytr, yte, num_classes, name)
     clients = None
     if client_train is not None:
         ids = as_client_ids(_numpy(client_train, "client_train"), "client_train", len(Xtr))
@@ -241,6 +271,150 @@ def _split(
         client_train=clients,
         source=source,
     )
+
+
+# ---------------------------------------------------------------- .npz files
+
+_NPY_MAGIC = b"\x93NUMPY"
+_ZIP_MAGIC = (b"PK\x03\x04", b"PK\x05\x06")  # a zip's first entry, or an empty zip
+_SAVEZ = "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
+
+
+def _guarded(shown, read):
+    """``read()``, with the errors of reading a damaged file as one-line ``DataError``s."""
+    try:
+        return read()
+    except DataError:
+        raise
+    except (OSError, ValueError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _guarded_error(shown, exc) from None
+
+
+def _guarded_error(shown, exc: BaseException) -> DataError:
+    detail = " ".join(str(exc).split())[:200] or type(exc).__name__
+    return DataError(
+        f"{shown} is not a readable .npz archive of numeric arrays ({detail}); write it with "
+        f"{_SAVEZ}"
+    )
+
+
+def _what_it_is(head: bytes) -> str:
+    """What a file that is not a zip archive looks like, from its first bytes."""
+    if not head:
+        return "the file is empty"
+    if head[:1] == b"\x80":
+        return "it is a Python pickle"
+    if head[:2] == b"\x1f\x8b":
+        return "it is a gzip file"
+    try:
+        text = head.decode("utf-8")
+    except UnicodeDecodeError:
+        return "its bytes are not a zip archive's"
+    if all(c.isprintable() or c in "\t\r\n" for c in text):
+        return "it is a text file"
+    return "its bytes are not a zip archive's"
+
+
+def _open_npz(p: Path, shown) -> np.lib.npyio.NpzFile:
+    """``p`` opened as an .npz archive (close it), or a one-line ``DataError`` that says
+    what the file is instead: a single .npy array, a text file, a pickle, a damaged zip."""
+    with open(p, "rb") as f:
+        head = f.read(64)
+    if head.startswith(_NPY_MAGIC):
+        raise DataError(
+            f"{shown} is a single .npy array, not an .npz archive; save the arrays with {_SAVEZ}"
+        )
+    if not head.startswith(_ZIP_MAGIC):
+        raise DataError(
+            f"{shown} is not a readable .npz archive: {_what_it_is(head)}, not the zip of "
+            f".npy arrays that {_SAVEZ} writes"
+        )
+    loaded = _guarded(shown, lambda: np.load(p, allow_pickle=False))
+    if not isinstance(loaded, np.lib.npyio.NpzFile):  # pragma: no cover - magic checked
+        raise DataError(f"{shown} is not an .npz archive; save the arrays with {_SAVEZ}")
+    return loaded
+
+
+def _member_layout(npz, key: str, shown) -> tuple[tuple[int, ...], np.dtype]:
+    """The shape and dtype of the .npz member ``key``, read from its .npy header alone
+    (the data stay compressed), or a one-line ``DataError`` when it is not an array."""
+    member = key if key in npz.zip.namelist() else key + ".npy"
+
+    def read():
+        with npz.zip.open(member) as f:
+            if f.read(len(_NPY_MAGIC)) != _NPY_MAGIC:
+                raise DataError(
+                    f"{shown} is not a readable .npz archive of numeric arrays: its member "
+                    f"{member} is not a NumPy array (no .npy header); write the file with "
+                    f"{_SAVEZ}"
+                )
+            f.seek(0)
+            version = np.lib.format.read_magic(f)
+            if version == (1, 0):
+                shape, _, dtype = np.lib.format.read_array_header_1_0(f)
+            elif version == (2, 0):
+                shape, _, dtype = np.lib.format.read_array_header_2_0(f)
+            else:
+                shape, _, dtype = np.lib.format._read_array_header(f, version)
+        return tuple(int(n) for n in shape), np.dtype(dtype)
+
+    return _guarded(shown, read)
+
+
+def _npz_array(npz, key: str, shown) -> np.ndarray:
+    """The member ``key`` of an open .npz as an array, or a one-line ``DataError``:
+    a member that is no .npy, is damaged, or holds Python objects."""
+    _member_layout(npz, key, shown)  # an .npy header, or one line that says it is not one
+    try:
+        value = npz[key]
+    except ValueError as exc:
+        if "allow_pickle" in str(exc) or "Object arrays" in str(exc):
+            raise DataError(
+                f"{shown} is not a readable .npz archive of numeric arrays: {key} holds "
+                "Python objects (an object array, stored pickled); convert it to numbers "
+                "(e.g. np.asarray(x, dtype=np.float32)) and save again"
+            ) from None
+        raise _guarded_error(shown, exc) from None
+    except (OSError, EOFError, zipfile.BadZipFile, zlib.error) as exc:
+        raise _guarded_error(shown, exc) from None
+    if not isinstance(value, np.ndarray):  # pragma: no cover - the header was checked
+        raise DataError(f"{shown}: {key} is not a NumPy array; write the file with {_SAVEZ}")
+    return value
+
+
+def _inspect(npz, shown) -> list[str]:
+    """The arrays of an open .npz that a dataset reads, after the checks that need no
+    decompression: the four arrays are there, each member is an .npy array, and together
+    they fit in the memory that is free (a small compressed file can expand to
+    gigabytes). Each failure is a one-line ``DataError``."""
+    from .memory import require
+
+    held = list(npz.files)
+    missing = [k for k in ARRAYS if k not in held]
+    if missing:
+        holds = ", ".join(held) or "nothing"
+        raise DataError(
+            f"{shown} lacks {', '.join(missing)} (it holds: {holds}); save it with "
+            "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...[, client_train=...])"
+        )
+    wanted = [k for k in (*ARRAYS, *OPTIONAL_ARRAYS) if k in held]
+    need = 0
+    for k in wanted:
+        shape, dtype = _member_layout(npz, k, shown)
+        n = math.prod(shape)
+        need += n * dtype.itemsize
+        if k.startswith("x_") and dtype != np.float32:
+            need += n * 4  # the float32 copy
+        elif not k.startswith("x_") and dtype != np.int64:
+            need += n * 8  # labels and client ids as int64
+    require(
+        need,
+        "cpu",
+        f"{shown} (its arrays, once read)",
+        "use a smaller file (fewer examples, or float32 features), or a machine with more memory",
+        error=DataError,
+    )
+    return wanted
 
 
 # ---------------------------------------------------------------- loaders
@@ -282,33 +456,9 @@ def load_npz(
         raise DataError(f"{path} does not exist; give the path of an .npz file")
     if not p.is_file():
         raise DataError(f"{path} is not a file; give the path of an .npz file")
-    try:
-        digest = sha256_of(p)
-        loaded = np.load(p, allow_pickle=False)
-        if not isinstance(loaded, np.lib.npyio.NpzFile):
-            raise DataError(
-                f"{path} is a single .npy array, not an .npz archive; save the arrays with "
-                "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)"
-            )
-        with loaded as npz:
-            held = list(npz.files)
-            missing = [k for k in ARRAYS if k not in held]
-            if missing:
-                holds = ", ".join(held) or "nothing"
-                raise DataError(
-                    f"{path} lacks {', '.join(missing)} (it holds: {holds}); "
-                    "save it with np.savez(path, x_train=..., y_train=..., x_test=..., "
-                    "y_test=...[, client_train=...])"
-                )
-            arrays = {k: npz[k] for k in (*ARRAYS, *OPTIONAL_ARRAYS) if k in held}
-    except DataError:
-        raise
-    except (OSError, ValueError, EOFError, zipfile.BadZipFile) as exc:
-        detail = str(exc).replace("\n", " ") or type(exc).__name__
-        raise DataError(
-            f"{path} is not a readable .npz archive of numeric arrays ({detail}); write it with "
-            "np.savez and without object arrays"
-        ) from exc
+    digest = _guarded(path, lambda: sha256_of(p))
+    with _open_npz(p, path) as npz:
+        arrays = {k: _npz_array(npz, k, path) for k in _inspect(npz, path)}
     absolute = str(p.resolve())
     return _split(
         arrays["x_train"],
@@ -530,13 +680,11 @@ def npz_client_count(path: str | os.PathLike) -> int | None:
 
 
 def _read_client_count(path: str | os.PathLike) -> int | None:
-    try:
-        with np.load(path, allow_pickle=False) as f:
-            if "client_train" not in f.files:
-                return None
-            ids = as_client_ids(f["client_train"], "client_train")
-    except (OSError, ValueError, zipfile.BadZipFile) as e:
-        raise DataError(f"cannot read {os.fspath(path)} as an .npz file ({e})") from None
+    shown = os.fspath(path)
+    with _open_npz(Path(path), shown) as f:
+        if "client_train" not in _inspect(f, shown):
+            return None
+        ids = as_client_ids(_npz_array(f, "client_train", shown), "client_train")
     return int(ids.max()) + 1 if ids.size else None
 
 

@@ -6,7 +6,9 @@
 Each figure is drawn by the experiment's own plotting function, from the files the
 experiment wrote next to it (``*_curves.csv``, ``*.json``, ``*.csv``), so a figure changes
 only when the plotting code does (``fedhmc.viz.plots.new_figure`` lays a row of four panels
-out on two rows and keeps tick labels apart).
+out on two rows and keeps tick labels apart). ``participation`` first writes its tables
+again from the runs committed in its ``cells/`` (each run's totals, as the experiment
+writes them).
 """
 
 from __future__ import annotations

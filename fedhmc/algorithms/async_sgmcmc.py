@@ -43,7 +43,7 @@ class Settings:
     method
         ``"sghmc"`` or ``"sgld"``.
     step_size, friction, temperature
-        h, B (SGHMC) and τ, validated as in `fedhmc.algorithms.stale.stale.Settings`.
+        h, B (SGHMC) and τ, validated as in `fedhmc.algorithms.stale.Settings`.
     max_staleness
         δ: a gradient with staleness > δ is dropped.
     """

@@ -54,7 +54,17 @@ def cmd_data(args: argparse.Namespace) -> int:
             f"{cfg.dataset} is a synthetic target with no data to split; "
             "`fedhmc run --dataset gaussian-hetero` samples it"
         )
-    data, parts = load_client_data(cfg)
+    try:
+        data, parts = load_client_data(cfg)
+    except (MemoryError, RuntimeError) as e:
+        from fedhmc_datasets.memory import is_out_of_memory, out_of_memory_detail
+
+        if not is_out_of_memory(e):
+            raise
+        raise ConfigError(
+            f"out of memory while loading {cfg.to_dict()['dataset']} "
+            f"({out_of_memory_detail(e)}); use less data, or a machine with more memory"
+        ) from None
     n_train, n_test = int(data.y_train.shape[0]), int(data.y_test.shape[0])
     print(
         f"{cfg.dataset}: {n_train:,} train / {n_test:,} test, {data.num_features} features, "

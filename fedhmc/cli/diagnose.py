@@ -25,7 +25,9 @@ def add_diagnose_command(sub) -> None:
 def load_draws(run: Path) -> np.ndarray:
     """The run's collected θ̄, (draws, chains, D): samples.npy, else the checkpoint's."""
     if (run / "samples.npy").is_file():
-        return np.load(run / "samples.npy")
+        from fedhmc.runtime.export import load_samples
+
+        return load_samples(run)
     from fedhmc.runtime import checkpoint
 
     try:
@@ -39,6 +41,56 @@ def load_draws(run: Path) -> np.ndarray:
             "--save-samples"
         )
     return draws.detach().cpu().numpy()
+
+
+MIN_DRAWS = 4
+"""Draws per chain below which split R̂ and ESS mean nothing (each half holds 2)."""
+
+
+def check_enough(run: Path, draws: np.ndarray) -> None:
+    """A one-line ``ConfigError`` that asks for what is missing: more chains when the run
+    has one, more rounds when its chains hold too few draws."""
+    if draws.ndim != 3:
+        raise ConfigError(
+            f"{run} has draws of shape {draws.shape}, not (draws, chains, d); run it again "
+            "with --save-samples"
+        )
+    n, chains = int(draws.shape[0]), int(draws.shape[1])
+    if chains < 2:
+        raise ConfigError(
+            f"{run} has 1 chain: R-hat and ESS compare chains, so diagnostics need 2 or more; "
+            "run it again with --chains 4"
+        )
+    if n < MIN_DRAWS:
+        more = _rounds_for(run, MIN_DRAWS)
+        how = (
+            f"fedhmc run --resume {run} --rounds {more}"
+            if more is not None
+            else f"fedhmc run --resume {run} --rounds with more rounds"
+        )
+        raise ConfigError(
+            f"{run} has only {n} draw{'s' if n != 1 else ''} per chain ({chains} chains): "
+            f"diagnostics need at least {MIN_DRAWS}, and a draw is kept each --thin rounds "
+            f"after the burn-in; run more rounds: {how}"
+        )
+
+
+def _rounds_for(run: Path, draws: int) -> int | None:
+    """The --rounds at which the run in ``run`` will have kept ``draws`` draws per chain
+    (None when its config.json cannot say)."""
+    try:
+        from fedhmc.runtime.config import RunConfig
+        from fedhmc.runtime.engine import is_collect_round
+
+        cfg = RunConfig.from_mapping(json.loads((run / "config.json").read_text()))
+        kept = 0
+        for r in range(1, 10_000_000):
+            kept += is_collect_round(cfg, r)
+            if kept >= draws:
+                return max(r, int(cfg.rounds or 0) + 1)
+    except Exception:  # noqa: BLE001 - a hint only: without it the message stays true
+        return None
+    return None
 
 
 def parameter_names(run: Path, dim: int) -> list[str]:
@@ -67,11 +119,7 @@ def cmd_diagnose(args) -> int:
     if args.top < 1:
         raise ConfigError(f"--top must be ≥ 1, got {args.top}")
     draws = load_draws(run)
-    if draws.ndim != 3 or draws.shape[1] < 2 or draws.shape[0] < 4:
-        raise ConfigError(
-            f"{run} has draws of shape {draws.shape}: diagnostics need 2 chains or more and at "
-            "least 4 draws; run with --chains 4"
-        )
+    check_enough(run, draws)
     stats = per_parameter(draws)
     names = parameter_names(run, draws.shape[2])
     rhat = np.where(np.isfinite(stats["rhat"]), stats["rhat"], -np.inf)

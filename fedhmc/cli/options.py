@@ -103,12 +103,14 @@ def _format_value(v) -> str:
 
 
 def print_final_table(result) -> None:
+    from fedhmc.core.progress import format_rate
+
     final = result.final
     s = result.summary
     rows = [(k, _format_value(v)) for k, v in final.items() if k not in ("round",)]
     rows += [
         ("rounds", str(s.get("rounds_completed"))),
-        ("grad evals/s", f"{s.get('grad_evals_per_s', 0):,.0f}"),
+        ("grad evals/s", format_rate(s.get("grad_evals_per_s", 0))),
         ("bytes total", f"{s.get('bytes_total', 0):,}"),
         ("output", str(result.config.out)),
     ]
@@ -117,11 +119,7 @@ def print_final_table(result) -> None:
         rows.insert(-1, ("R-hat max", f"{diag['rhat_max']:.3f} (split, across chains)"))
         rows.insert(-1, ("ESS min", f"{diag['ess_min']:.1f} (median {diag['ess_median']:.1f})"))
     width = max(len(k) for k, _ in rows)
-    print(
-        f"fedhmc run: {result.config.dataset}, {result.config.algorithm}, "
-        f"K={result.config.leapfrog_steps} T={result.config.local_steps} "
-        f"η={result.config.step_size:g} ρ={result.config.rho:g}"
-    )
+    print(f"fedhmc run: {result.config.headline()}")
     for k, v in rows:
         print(f"  {k:<{width}}  {v}")
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import csv
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
@@ -43,7 +44,48 @@ def add_plot_command(sub) -> None:
     p.set_defaults(func=cmd_plot)
 
 
+def _csv_of(table: Path) -> Path | None:
+    """The CSV file that ``read_table`` reads for ``table`` (None: it says why not)."""
+    if table.is_dir():
+        for name in ("results.csv", "metrics.csv"):
+            if (table / name).exists():
+                return table / name
+        return None
+    return table if table.is_file() else None
+
+
+def check_header(path: Path) -> None:
+    """A one-line ``ConfigError`` when the header line of the CSV ``path`` is cut: the file
+    ends within it, or its rows hold more fields than it names (every row would be dropped
+    as half written, and the table would seem empty)."""
+    try:
+        with open(path, newline="") as f:
+            head = f.read(1 << 16)
+            f.seek(0)
+            reader = csv.reader(f)
+            header = next(reader, None)
+            widths = [len(row) for row, _ in zip(reader, range(50), strict=False) if row]
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return  # read_table says what is wrong with the file
+    if header is None:
+        return
+    fix = "restore the file (a run's metrics.csv: from a copy, or run it again)"
+    if "\n" not in head and "\r" not in head:
+        raise ConfigError(
+            f"the header of {str(path)!r} is cut: the file ends within its first line "
+            f"({len(header)} column name{'s' if len(header) != 1 else ''}, no row); {fix}"
+        )
+    if widths and min(widths) > len(header):
+        raise ConfigError(
+            f"the header of {str(path)!r} is cut: it names {len(header)} columns (the last "
+            f"{header[-1]!r}) where its rows hold {min(widths)} or more; {fix}"
+        )
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
+    csv_path = _csv_of(Path(args.table))
+    if csv_path is not None:
+        check_header(csv_path)
     rows = read_table(args.table)
     table = Path(args.table)
     where = table if table.is_dir() else table.parent

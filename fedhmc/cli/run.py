@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import sys
+from pathlib import Path
 
 from fedhmc.cli.options import config_from_args, config_values, print_final_table, resume_config
 from fedhmc.errors import ConfigError
@@ -12,12 +14,10 @@ from fedhmc.runtime.threads import parse_threads
 def _note_extension(run_dir: str, cfg) -> None:
     """One line on stderr when ``--rounds`` extends the run: which burn-in it keeps."""
     import json
-    import sys
-    from pathlib import Path
 
     try:
         before = json.loads((Path(run_dir) / "config.json").read_text()).get("rounds")
-    except (OSError, ValueError):
+    except (OSError, ValueError, AttributeError):
         return
     if isinstance(before, int) and cfg.rounds > before:
         s = "" if cfg.burn_in == 1 else "s"
@@ -27,6 +27,58 @@ def _note_extension(run_dir: str, cfg) -> None:
             f"{cfg.rounds} --burn-in {cfg.burn_in}",
             file=sys.stderr,
         )
+
+
+def _jsonable(config: dict) -> dict:
+    """``config`` as its JSON form (what a checkpoint's header holds)."""
+    import json
+
+    return json.loads(json.dumps(config, default=str))
+
+
+def check_resume(run_dir: str, cfg, given: dict) -> None:
+    """The refusals of a resume, before anything is printed or run: the folder in use by
+    another process, no readable checkpoint, or a checkpoint of another configuration
+    (named as the user's own option when given, else as the folder's)."""
+    from fedhmc.runtime import checkpoint
+    from fedhmc.runtime.config import recorded_settings
+    from fedhmc.runtime.lock import FolderLock
+
+    FolderLock(run_dir).acquire().release()  # in use: refused now, in one line
+    header = checkpoint.peek(run_dir)
+    if header is not None and isinstance(header.get("config"), dict):
+        saved, reached, version = header["config"], header["round"], header["version"]
+    else:  # a checkpoint without its config in the header: read it whole
+        state, _ = checkpoint.load(run_dir)
+        saved, reached, version = state["config"], state["round"], state["_header"]["version"]
+    # Both sides as config.json records them (as the engine compares them): a setting that
+    # played no part is None on both, whatever value it was given.
+    saved = {**recorded_settings(_jsonable(saved)), "_round_reached": int(reached)}
+    now = _jsonable(cfg.recorded())
+    checkpoint.check_compatible(saved, now, version, given=set(given))
+
+
+def _out_of_memory(cfg, exc: BaseException) -> ConfigError:
+    """An allocation failure as one line: what failed, how to need less, and where the
+    run's checkpoint is (to continue with ``--resume``) when one was written."""
+    from fedhmc_datasets.memory import out_of_memory_detail
+
+    from fedhmc.runtime import checkpoint
+
+    fix = (
+        "use fewer --chains or --num-clients (or --clients-per-round), a smaller "
+        "--batch-size, a smaller model or less data"
+    )
+    out = getattr(cfg, "out", None)
+    if out and (Path(out) / checkpoint.NAME).exists():
+        tail = f"the checkpoint is kept: continue with fedhmc run --resume {out}"
+    elif out and Path(out).exists():
+        tail = f"no round was checkpointed: start again with --overwrite --out {out}"
+    elif out:
+        tail = "nothing was written"
+    else:
+        tail = "a checkpoint, if one was written, is in its folder under runs/ (--resume it)"
+    return ConfigError(f"out of memory ({out_of_memory_detail(exc)}); {fix}; {tail}")
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -39,21 +91,27 @@ def cmd_run(args: argparse.Namespace) -> int:
                 "--resume DIR continues the run in DIR and --overwrite replaces it; pick one"
             )
         cfg = resume_config(args.resume_dir, given)
-        cfg.resolve()  # refusals (another data file, data given in memory) come first
-        _note_extension(args.resume_dir, cfg)
+        resolved = cfg.resolve()  # refusals (another data file, data in memory) come first
+        check_resume(args.resume_dir, resolved, given)  # then the checkpoint's, silently
+        _note_extension(args.resume_dir, resolved)
     else:
         cfg = config_from_args(args)
+    from fedhmc_datasets.memory import is_out_of_memory
+
     from fedhmc.core.progress import set_quiet
     from fedhmc.runtime.backends import run_config
 
     set_quiet(args.quiet)
 
-    result = run_config(cfg, progress=not args.quiet, threads=parse_threads(args.threads))
+    try:
+        result = run_config(cfg, progress=not args.quiet, threads=parse_threads(args.threads))
+    except (MemoryError, RuntimeError) as e:
+        if not is_out_of_memory(e):
+            raise
+        raise _out_of_memory(cfg, e) from None
     if not args.quiet:
         print_final_table(result)
     warn = result.summary.get("convergence_warning")
     if warn:
-        import sys
-
         print(f"fedhmc run: warning: {warn}", file=sys.stderr)
     return 0

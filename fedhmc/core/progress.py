@@ -21,7 +21,34 @@ def set_quiet(quiet: bool) -> None:
 
 PLAIN_INTERVAL = 30.0
 """Seconds between the plain progress lines written where standard error is not a terminal
-(``$FEDHMC_PROGRESS_INTERVAL`` overrides it)."""
+(``$FEDHMC_PROGRESS_INTERVAL`` overrides it; 0 writes a line after every item instead)."""
+
+INTERVAL_ENV = "FEDHMC_PROGRESS_INTERVAL"
+
+
+def plain_interval() -> float:
+    """The seconds between plain progress lines: ``$FEDHMC_PROGRESS_INTERVAL`` when it is
+    a number ≥ 0, else ``PLAIN_INTERVAL``."""
+    import math
+    import os
+
+    try:
+        every = float(os.environ.get(INTERVAL_ENV, PLAIN_INTERVAL))
+    except ValueError:
+        return PLAIN_INTERVAL
+    return every if math.isfinite(every) and every >= 0 else PLAIN_INTERVAL
+
+
+def format_rate(value: float) -> str:
+    """A rate for people to read: whole numbers with thousands separators from 10 up
+    (``39,533``), two significant digits below (``3.4``, ``0.27``, ``0.0053``)."""
+    import math
+
+    if not math.isfinite(value):
+        return str(value)
+    if abs(value) >= 9.95 or value == 0:
+        return f"{value:,.0f}"
+    return f"{value:#.2g}".rstrip(".")
 
 
 def _duration(seconds: float) -> str:
@@ -35,12 +62,12 @@ def _duration(seconds: float) -> str:
 
 class PlainProgress:
     """Progress for logs and batch jobs: a plain line on standard error every
-    ``PLAIN_INTERVAL`` seconds (from a timer, so also while one long item runs) saying
-    what is done, the time elapsed and an estimate of the time left; the same methods as
-    the tqdm bar that terminals get."""
+    ``interval`` seconds (default `plain_interval`; from a timer, so also while one long
+    item runs) saying what is done, the time elapsed and an estimate of the time left; with
+    an interval of 0, a line after every item instead (no timer). The same methods as the
+    tqdm bar that terminals get."""
 
     def __init__(self, total: int, desc: str, unit: str, initial: int = 0, interval=None):
-        import os
         import threading
         import time
 
@@ -49,14 +76,18 @@ class PlainProgress:
         self.postfix = ""
         self._t0 = time.monotonic()
         self._clock = time.monotonic
-        every = interval or float(os.environ.get("FEDHMC_PROGRESS_INTERVAL", PLAIN_INTERVAL))
+        self.interval = plain_interval() if interval is None else float(interval)
         self._stop = threading.Event()
-        # The thread holds the bar only weakly: a bar that its caller drops without closing
-        # (an exception on the way) stops printing once it is collected.
-        self._thread = threading.Thread(
-            target=PlainProgress._loop, args=(weakref.ref(self), self._stop, every), daemon=True
-        )
-        self._thread.start()
+        self._thread = None
+        if self.interval > 0:
+            # The thread holds the bar only weakly: a bar that its caller drops without
+            # closing (an exception on the way) stops printing once it is collected.
+            self._thread = threading.Thread(
+                target=PlainProgress._loop,
+                args=(weakref.ref(self), self._stop, self.interval),
+                daemon=True,
+            )
+            self._thread.start()
 
     def line(self) -> str:
         elapsed = self._clock() - self._t0
@@ -89,6 +120,8 @@ class PlainProgress:
 
     def update(self, n: int = 1) -> None:
         self.n += n
+        if self.interval <= 0:
+            self.write(self.line())
 
     def set_postfix(self, values: dict | None = None, refresh: bool = False, **kw) -> None:
         items = {**(values or {}), **kw}
@@ -111,7 +144,8 @@ def bar(total: int, desc: str, unit: str, *, initial: int = 0, **kwargs):
     """A progress bar over ``total`` items with an ETA; None when quiet.
 
     On a terminal it is a tqdm bar that does not stay on screen when done; elsewhere (a log
-    file, a batch job) a ``PlainProgress`` that writes a line every 30 s.
+    file, a batch job) a ``PlainProgress`` that writes a line every 30 s
+    (``$FEDHMC_PROGRESS_INTERVAL``).
     """
     if _quiet:
         return None

@@ -42,6 +42,10 @@ GAUSSIAN = {
     "full": ((1, 2, 3, 5, 10), 200, 2_000, 200),
 }
 METRICS = ("accuracy", "brier", "ece", "nll_sum")
+FIGURE_WIDTH = 7.2
+"""Inches: the width a results page shows a figure at (688 px at 96 dpi), so that its
+text is shown at the size it is drawn."""
+FIGURE_DPI = 96
 
 
 def _cells(budget: str, seed: int):
@@ -85,7 +89,6 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
     """Run (or read back) the classification cells; the last round of each, one row per
     (algorithm, S, scheme, seed)."""
     from fedhmc.sweep.cells import pending_cells, run_cells
-    from fedhmc.sweep.table import cell_rows
 
     cells = _cells(budget, seed)
     named = [(cid, s) for cid, s, _ in cells]
@@ -98,9 +101,31 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
         threads=1 if workers > 1 else None,
         desc="cells",
     )
+    return classification_rows(out_dir, cells)
+
+
+def run_grad_evals(cell_dir: Path, history: list[dict]) -> int:
+    """The gradient evaluations of the run in ``cell_dir``, summed over its clients and
+    rounds: its ``summary.json``'s total, else the last round's running total in
+    ``metrics.csv`` (whose ``grad_evals`` column counts from the run's start)."""
+    try:
+        total = json.loads((cell_dir / "summary.json").read_text()).get("grad_evals")
+    except (OSError, ValueError):
+        total = None
+    if total is None:
+        total = history[-1].get("grad_evals") if history else 0
+    return int(total or 0)
+
+
+def classification_rows(out_dir: Path, cells: list[tuple[str, dict, list[str]]]) -> list[dict]:
+    """One row per (algorithm, S, scheme, seed) from the cells' files in
+    ``out_dir/cells/``: the last round's metrics and the run's totals."""
+    from fedhmc.sweep.table import cell_rows
+
     rows = []
     for cid, s, labels in cells:
-        history = cell_rows(out_dir / "cells" / cid)  # the run's status and every round
+        cell_dir = out_dir / "cells" / cid
+        history = cell_rows(cell_dir)  # the run's status and every round
         last, status = history[-1], history[-1]["status"]
         for scheme in labels:
             rows.append(
@@ -113,7 +138,7 @@ def classification(out_dir: Path, budget: str, seed: int, workers: int = 1) -> l
                     "rounds": s["rounds"],
                     "status": status,
                     **{m: last.get(m) if status == "completed" else None for m in METRICS},
-                    "grad_evals": sum(int(h.get("grad_evals") or 0) for h in history),
+                    "grad_evals": run_grad_evals(cell_dir, history),
                     "wall_s": last.get("wall_s"),
                 }
             )
@@ -255,7 +280,7 @@ def plot_classification(path: Path, rows: list[dict], title: str) -> None:
 
     from fedhmc.viz.plots import new_figure
 
-    fig = new_figure(12, 6.4)
+    fig = new_figure(FIGURE_WIDTH, 6.4)
     axes = fig.subplots(2, 2).ravel()
     styles = {"weighted": "o-", "uniform": "s--", "normalized": "^:"}
     colors = {"fahmc": "C0", "fald": "C3"}
@@ -285,21 +310,23 @@ def plot_classification(path: Path, rows: list[dict], title: str) -> None:
         ax.set_xticks(sorted({int(r["S"]) for r in rows}))
         ax.xaxis.set_major_formatter("{x:.0f}")
         ax.xaxis.set_minor_locator(NullLocator())
-        ax.set_xlabel("clients per round S")
-        ax.set_title({"nll_sum": "NLL (sum over the test set)"}.get(m, m), fontsize=10)
+        ax.tick_params(labelsize=8)
+        ax.set_xlabel("clients per round S", fontsize=9)
+        ax.set_title({"nll_sum": "NLL (sum over the test set)"}.get(m, m), fontsize=9)
         if m == "nll_sum":
             ax.set_yscale("log")
-    axes[0].legend(fontsize=7, ncol=2)
-    fig.suptitle(title, fontsize=10)
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    handles, labels = axes[0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.suptitle(title, fontsize=9)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
+    fig.savefig(path, dpi=FIGURE_DPI)
 
 
 def plot_gaussian(path: Path, rows: list[dict], settings: dict) -> None:
     """Pooled variance and W₂ against S, per scheme and ρ."""
     from fedhmc.viz.plots import new_figure
 
-    fig = new_figure(12, 6.4)
+    fig = new_figure(FIGURE_WIDTH, 6.4)
     axes = fig.subplots(2, 2)
     styles = {"weighted": "o-", "uniform": "s--", "normalized": "^:"}
     for j, rho in enumerate((1.0, 0.0)):
@@ -323,28 +350,65 @@ def plot_gaussian(path: Path, rows: list[dict], settings: dict) -> None:
         axes[0, j].axhline(
             settings["posterior_var"], color="k", lw=0.8, ls="--", label="exact posterior"
         )
-        axes[0, j].set_title(f"variance of θ̄ pooled over rounds, ρ = {rho:g}", fontsize=10)
+        axes[0, j].set_title(f"variance of θ̄ pooled over rounds, ρ = {rho:g}", fontsize=9)
         axes[0, j].set_yscale("log")
-        axes[1, j].set_title(f"W₂(θ̄, posterior), ρ = {rho:g}", fontsize=10)
+        axes[1, j].set_title(f"W₂(θ̄, posterior), ρ = {rho:g}", fontsize=9)
         axes[1, j].set_yscale("log")
         for ax in axes[:, j]:
-            ax.set_xlabel("clients per round S (of 10)")
+            ax.tick_params(labelsize=8)
+            ax.set_xlabel("clients per round S (of 10)", fontsize=9)
             ax.set_xticks(sorted({int(r["S"]) for r in rows}))
-    axes[0, 0].legend(fontsize=7)
+    handles, labels = axes[0, 0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=4, fontsize=8, frameon=False)
     fig.suptitle(
         f"Heterogeneous Gaussian, 10 clients of unequal sizes, T = {settings['T']}, "
-        f"K = {settings['K']}, η = {settings['eta']} ({settings['chains']} chains × "
+        f"K = {settings['K']}, η = {settings['eta']}\n({settings['chains']} chains × "
         f"{settings['rounds']} rounds; error bars ±2 s.e.)",
-        fontsize=10,
+        fontsize=9,
     )
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
+    fig.tight_layout(rect=(0, 0.05, 1, 1))
+    fig.savefig(path, dpi=FIGURE_DPI)
 
 
-def replot(out_dir: Path) -> list[Path]:
-    """Redraw both figures from the files the experiment wrote."""
+def write_tables(out_dir: Path, rows: list[dict], budget: str, title: str) -> list[dict]:
+    """``participation.csv`` (one row per run), ``participation.json`` and
+    ``participation_summary.csv`` (mean and sd over the seeds); returns the summary rows."""
+    table = summarize(rows)
+    _write(
+        out_dir,
+        "participation",
+        rows,
+        {"experiment": "participation", "budget": budget, "title": title, "rows": table},
+    )
+    write_csv(out_dir / "participation_summary.csv", table)
+    return table
+
+
+def rebuild_tables(out_dir: Path) -> bool:
+    """Write the classification tables again from the runs in ``out_dir/cells/`` (every
+    cell of the budget ``participation.json`` names, the seed ``participation_gaussian.json``
+    names); False, writing nothing, where a cell is missing."""
+    summary = json.loads((out_dir / "participation.json").read_text())
+    seed = int(
+        json.loads((out_dir / "participation_gaussian.json").read_text())["settings"]["seed"]
+    )
+    cells = _cells(summary["budget"], seed)
+    if not all((out_dir / "cells" / cid / "metrics.csv").is_file() for cid, _, _ in cells):
+        return False
+    rows = classification_rows(out_dir, cells)
+    write_tables(out_dir, rows, summary["budget"], summary["title"])
+    return True
+
+
+def replot(out_dir: Path, rebuild: bool = True) -> list[Path]:
+    """Redraw both figures from the files the experiment wrote; where its runs are kept
+    (``cells/``), the classification tables are first written again from them (unless
+    ``rebuild`` is false)."""
     from fedhmc.sweep.table import read_csv
 
+    out_dir = Path(out_dir)
+    if rebuild and (out_dir / "cells").is_dir():
+        rebuild_tables(out_dir)
     summary = json.loads((out_dir / "participation.json").read_text())
     rows = read_csv(out_dir / "participation.csv")
     plot_classification(out_dir / "participation.png", rows, summary["title"])
@@ -372,13 +436,6 @@ def participation(
         f"{10 if budget != 'quick' else 2}, B = 100, {client_rounds:,} client-rounds "
         f"({len(seeds)} seed{'s' if len(seeds) > 1 else ''}; {budget})"
     )
-    table = summarize(rows)
-    _write(
-        out_dir,
-        "participation",
-        rows,
-        {"experiment": "participation", "budget": budget, "title": title, "rows": table},
-    )
-    write_csv(out_dir / "participation_summary.csv", table)
-    replot(out_dir)
+    table = write_tables(out_dir, rows, budget, title)
+    replot(out_dir, rebuild=False)
     return {"rows": table, "gaussian": g_rows}

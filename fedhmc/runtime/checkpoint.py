@@ -26,6 +26,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Collection
 from pathlib import Path
 
 import torch
@@ -77,8 +78,13 @@ def device_name(device) -> str:
 
 def save(run_dir: str | os.PathLike, state: dict) -> Path:
     """Write ``state`` (plain data and tensors) as the run's newest checkpoint, every tensor
-    moved to the CPU first."""
+    moved to the CPU first. The file is readable by its owner alone (mode 0600, whatever
+    the umask): a checkpoint holds the run's positions and draws, which may reveal its
+    data. A symbolic link in the folder's place of a checkpoint is refused, never followed."""
+    from fedhmc.runtime.output import open_private, refuse_links
+
     run_dir = Path(run_dir)
+    refuse_links(run_dir, (NAME, PREVIOUS, NAME + ".tmp"))
     buf = io.BytesIO()
     torch.save(to_cpu(state), buf)
     payload = buf.getvalue()
@@ -89,9 +95,11 @@ def save(run_dir: str | os.PathLike, state: dict) -> Path:
         "bytes": len(payload),
         "sha256": hashlib.sha256(payload).hexdigest(),
     }
+    if isinstance(state.get("config"), dict):  # read alone by `peek`, before a resume
+        header["config"] = state["config"]
     tmp = run_dir / (NAME + ".tmp")
-    with open(tmp, "wb") as f:
-        f.write(json.dumps(header).encode() + b"\n")
+    with open_private(tmp) as f:
+        f.write(json.dumps(header, default=str).encode() + b"\n")
         f.write(payload)
         f.flush()
         os.fsync(f.fileno())
@@ -110,22 +118,73 @@ def save(run_dir: str | os.PathLike, state: dict) -> Path:
     return path
 
 
-def _read(path: Path) -> dict:
-    with open(path, "rb") as f:
-        header = json.loads(f.readline())
-        payload = f.read()
+HEADER_FIELDS = {"format": int, "version": str, "round": int, "bytes": int, "sha256": str}
+"""The header's fields and their JSON types (``config``, a dict, is optional)."""
+
+
+def _header(line: bytes) -> dict:
+    """A checkpoint's first line as its header, or ValueError naming what is wrong."""
+    try:
+        header = json.loads(line)
+    except (ValueError, UnicodeDecodeError):
+        raise ValueError("its first line is not a JSON header") from None
+    if not isinstance(header, dict):
+        raise ValueError(
+            f"its header is a JSON {type(header).__name__}, not the object fedhmc writes"
+        )
     if header.get("format") != FORMAT:
         raise ValueError(
-            f"format {header.get('format')}, written by another fedhmc; this one reads {FORMAT}"
+            f"format {header.get('format')!r}, written by another fedhmc; this one reads {FORMAT}"
         )
+    for key, kind in HEADER_FIELDS.items():
+        value = header.get(key)
+        if not isinstance(value, kind) or isinstance(value, bool):
+            raise ValueError(
+                f"its header's {key!r} is {value!r}, not the {kind.__name__} fedhmc writes"
+            )
+    if "config" in header and not isinstance(header["config"], dict):
+        raise ValueError("its header's 'config' is not an object")
+    return header
+
+
+def _open_checkpoint(path: Path):
+    """``path`` opened for reading without following a symbolic link."""
+    fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    return os.fdopen(fd, "rb")
+
+
+def _read(path: Path) -> dict:
+    with _open_checkpoint(path) as f:
+        header = _header(f.readline())
+        payload = f.read()
     if len(payload) != header["bytes"]:
         raise ValueError(f"truncated ({len(payload)} of {header['bytes']} bytes)")
     if hashlib.sha256(payload).hexdigest() != header["sha256"]:
         raise ValueError("checksum mismatch")
     state = torch.load(io.BytesIO(payload), map_location="cpu", weights_only=True)
+    if not isinstance(state, dict):
+        raise ValueError(f"it holds a {type(state).__name__}, not the dict fedhmc saves")
     state["_header"] = header
     state["_file"] = path.name
     return state
+
+
+def peek(run_dir: str | os.PathLike) -> dict | None:
+    """The header of the newest checkpoint of ``run_dir`` whose first line is one (its
+    payload unread and unchecked: `load` checks it), or None. A header holds ``round``,
+    ``version`` and, from checkpoints written by this fedhmc on, the run's ``config``:
+    what a resume is checked against before the run starts."""
+    from fedhmc.runtime.output import refuse_links
+
+    run_dir = Path(run_dir)
+    refuse_links(run_dir, (NAME, PREVIOUS))
+    for name in (NAME, PREVIOUS):
+        try:
+            with _open_checkpoint(run_dir / name) as f:
+                return _header(f.readline())
+        except (OSError, ValueError):
+            continue
+    return None
 
 
 def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
@@ -136,7 +195,12 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
     ConfigError
         When the directory holds no readable checkpoint.
     """
+    import pickle
+
+    from fedhmc.runtime.output import refuse_links
+
     run_dir = Path(run_dir)
+    refuse_links(run_dir, (NAME, PREVIOUS))
     problems = []
     for name in (NAME, PREVIOUS):
         path = run_dir / name
@@ -144,7 +208,7 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
             continue
         try:
             return _read(path), problems
-        except (OSError, ValueError, RuntimeError, KeyError, EOFError) as e:
+        except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.PickleError) as e:
             problems.append(f"{name} is unusable ({e})")
     why = "; ".join(problems) if problems else "no checkpoint.pt"
     raise ConfigError(
@@ -169,8 +233,16 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
-def check_compatible(saved: dict, config: dict, version: str) -> None:
-    """Refuse to continue a checkpoint under another configuration or package version."""
+def check_compatible(
+    saved: dict, config: dict, version: str, given: Collection[str] | None = None
+) -> None:
+    """Refuse to continue a checkpoint under another configuration or package version.
+
+    ``given`` names the settings the user gave for this resume (RunConfig field names, as
+    ``fedhmc run --resume DIR --rounds 20`` gives ``rounds``); a refused setting that was
+    given is to be dropped, one that was not is the folder's own (its config.json differs
+    from its checkpoint). None: not known (the Python API), and the refusal says neither.
+    """
     if version != __version__:
         raise ConfigError(
             f"the checkpoint was written by fedhmc {version}, this is {__version__}; "
@@ -182,9 +254,19 @@ def check_compatible(saved: dict, config: dict, version: str) -> None:
         a, b = saved.get(key), config.get(key)
         if a != b and not (_nan(a) and _nan(b)):
             flag = "--" + key.replace("_", "-")
-            raise ConfigError(
-                f"cannot resume: {flag} was {a!r} in the checkpoint and is {b!r} now; "
+            if given is not None and key not in given:
+                raise ConfigError(
+                    f"cannot resume: the run's folder holds another {flag} in its checkpoint "
+                    f"({a!r}) than in its config.json ({b!r}); restore its config.json, or "
+                    "start a new run (--overwrite)"
+                )
+            fix = (
                 f"drop {flag} (only --rounds and --device may change) or start a new run"
+                if given is not None
+                else "only the rounds and the device may change; start a new run instead"
+            )
+            raise ConfigError(
+                f"cannot resume: {flag} was {a!r} in the checkpoint and is {b!r} now; {fix}"
             )
     if int(config["rounds"]) < int(saved.get("_round_reached", 0)):
         raise ConfigError(

@@ -6,7 +6,8 @@ command line (``fedhmc run --local-steps 50``) and Flower's run config
 both are parsed by ``RunConfig.from_mapping``, so a setting is defined once.
 
 Fields left at ``None`` take the dataset's default in ``RunConfig.resolve`` (see
-``fedhmc.runtime.presets``); ``config.json`` always holds the resolved values.
+``fedhmc.runtime.presets``); ``config.json`` holds the resolved values, with ``null`` for
+the settings that played no part in the run (``RunConfig.recorded``).
 """
 
 from __future__ import annotations
@@ -69,6 +70,91 @@ _GENERIC_DEFAULTS = {
 RECORDED_ONLY = ("step_size_means",)
 """What ``config.json`` records beside the settings (not settings: dropped on reading)."""
 
+_MODEL_SETTINGS = ("model", "model_arg", "model_batching", "hidden")
+_SPLIT_SETTINGS = ("dirichlet_alpha", "min_client_size", "classes_per_client", "quantity_sigma")
+_SPLIT_USES = {
+    "dirichlet_alpha": "dirichlet",
+    "min_client_size": "dirichlet",
+    "classes_per_client": "shards",
+    "quantity_sigma": "quantity",
+}
+_FLOWER_SETTINGS = (
+    "client_gpus",
+    "round_timeout",
+    "straggler_factor",
+    "straggler_floor",
+    "min_clients",
+    "node_wait_timeout",
+    "on_failure",
+    "max_failed_rounds",
+)
+NULLABLE = (
+    *_MODEL_SETTINGS,
+    "partition",
+    *_SPLIT_SETTINGS,
+    "scaling",
+    "ece_bins",
+    "rho",
+    "anchor_batch_size",
+    "staleness",
+    "staleness_dist",
+    "max_staleness",
+    "max_worker_failures",
+    *_FLOWER_SETTINGS,
+    "participation",
+)
+"""The settings that ``config.json`` records as ``null`` where they played no part in the
+run (`recorded_settings`); a ``null`` one reads back as its default."""
+
+
+def unused_settings(config: dict) -> list[str]:
+    """The settings of a resolved run's settings dict (``RunConfig.to_dict``, or a
+    ``config.json``) that played no part in the run: the MLP's ``hidden`` for any other
+    model, ``dirichlet_alpha`` for a split that is not Dirichlet, the Flower options on the
+    engine, and so on."""
+    from fedhmc.runtime.presets import GAUSSIAN_TARGETS
+
+    c = config
+    algorithm = c.get("algorithm")
+    unused: list[str] = []
+    if c.get("dataset") in GAUSSIAN_TARGETS:  # an energy in closed form: no data, no model
+        unused += [*_MODEL_SETTINGS, "partition", *_SPLIT_SETTINGS, "scaling", "ece_bins"]
+    else:
+        if c.get("model") != "mlp":
+            unused.append("hidden")
+        if c.get("model") in ("logistic", "mlp"):
+            unused.append("model_batching")
+        unused += [k for k in _SPLIT_SETTINGS if c.get("partition") != _SPLIT_USES[k]]
+    if algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+        unused.append("rho")
+    if algorithm != "fahmc-debiased":
+        unused.append("anchor_batch_size")
+    if algorithm not in STALE_ALGORITHMS:
+        unused += ["staleness", "staleness_dist"]
+    if algorithm not in ASYNC_ALGORITHMS:
+        unused += ["max_staleness", "max_worker_failures"]
+    if c.get("backend") == "engine":
+        unused += list(_FLOWER_SETTINGS)
+    if c.get("clients_per_round") is None:
+        unused.append("participation")
+    return unused
+
+
+def recorded_settings(config: dict) -> dict:
+    """``config`` (a resolved run's settings dict, or a ``config.json``) with the settings
+    that played no part in the run set to ``None``: what ``config.json`` records.
+
+    Applying it to both sides of a comparison (a resume's checkpoint and the new run, a
+    sweep cell's ``config.json`` and its settings) compares what the runs computed with;
+    it is idempotent, so a ``config.json`` written before it existed compares the same.
+    """
+    out = dict(config)
+    for key in unused_settings(config):
+        if key in out:
+            out[key] = None
+    return out
+
+
 STEP_SIZE_MEANINGS = {
     "eta": "η, the leapfrog step (FA-LD's Langevin learning rate is η²/2)",
     "h": "h, the Euler step of SGHMC / SGLD",
@@ -121,7 +207,7 @@ class RunConfig:
     )
     model_arg: str | None = _f(
         None,
-        "KEY=VALUE keyword argument of the --model factory (repeat the option for more; "
+        "KEY=VALUE keyword argument of the `--model` factory (repeat the option for more; "
         "Flower's run config joins them with ';')",
     )
     model_batching: str = _f(
@@ -134,12 +220,13 @@ class RunConfig:
     )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
     num_clients: int | None = _f(
-        None, "number of clients N (default 10, or the clients of a --dataset's client_train)"
+        None,
+        "number of clients N (default 10, or the clients of a `--dataset` file's `client_train`)",
     )
     partition: str | None = _f(
         None,
         "how the training data is split over clients: iid, dirichlet, shards, quantity, or "
-        "given (a --dataset file's client_train; the default when it has one, else dirichlet)",
+        "given (a `--dataset` file's `client_train`; the default when it has one, else dirichlet)",
     )
     dirichlet_alpha: float = _f(0.5, "Dirichlet α of the label skew (smaller: more skewed)")
     min_client_size: int | None = _f(
@@ -147,7 +234,7 @@ class RunConfig:
         "dirichlet: the smallest client a split may have (default: 10 examples, at most half "
         "the mean client size; 1 lets thousands of clients hold one to a few examples)",
     )
-    classes_per_client: int = _f(2, "classes per client for --partition shards")
+    classes_per_client: int = _f(2, "classes per client for `--partition shards`")
     quantity_sigma: float = _f(
         1.0,
         "quantity: σ of the log-normal client sizes (0: equal sizes; 1.5 spreads 60,000 "
@@ -165,7 +252,7 @@ class RunConfig:
     scaling: str | None = _f(
         None,
         "feature scaling: standardize, unit ([0, 1] pixels), symmetric ([-1, 1] pixels: "
-        "(x/255 − 0.5)/0.5) or none (default: none for blr-synthetic and your own data, "
+        "(x/255 − 0.5)/0.5) or none (default: none for `blr-synthetic` and your own data, "
         "else standardize)",
         choices=SCALINGS,
     )
@@ -173,16 +260,17 @@ class RunConfig:
         None,
         "initial position: auto (zeros for logistic; He-scaled normal weights for mlp; the "
         "module's own initialisation for cnn and your own models), zeros, normal (N(0, I)), "
-        "module (the module's own initialisation, one draw per chain), or torch-linear "
+        "module (the module's own initialisation, one draw per chain), or `torch-linear` "
         "(PyTorch's default nn.Linear initialisation, for logistic and mlp)",
         choices=INITS,
     )
     # Sampler
     algorithm: str = _f(
         "fahmc",
-        "fahmc; fald (FA-LD: K = 1); fahmc-debiased (SCAFFOLD-style control variate); "
-        "sghmc or sgld (stale-gradient SG-MCMC on the pooled data); async-sghmc or async-sgld "
-        "(asynchronous distributed SG-MCMC on Flower: --chains servers, --num-clients workers)",
+        "`fahmc`; `fald` (FA-LD: K = 1); `fahmc-debiased` (SCAFFOLD-style control "
+        "variate); `sghmc` or `sgld` (stale-gradient SG-MCMC on the pooled data); "
+        "`async-sghmc` or `async-sgld` (asynchronous distributed SG-MCMC on Flower: `--chains` "
+        "servers, `--num-clients` workers)",
         choices=ALGORITHMS,
     )
     protocol: str | None = _f(
@@ -196,7 +284,7 @@ class RunConfig:
     )
     local_steps: int = _f(
         10,
-        "T: local iterations per communication round (leapfrog steps with --sync-unit leapfrog)",
+        "T: local iterations per communication round (leapfrog steps with `--sync-unit leapfrog`)",
     )
     sync_unit: str | None = _f(
         None,
@@ -212,7 +300,7 @@ class RunConfig:
     )
     restart_trajectories: bool | None = _f(
         None,
-        "--sync-unit leapfrog: an outer iteration is T trajectories (K rounds), each "
+        "`--sync-unit leapfrog`: an outer iteration is T trajectories (K rounds), each "
         "restarting from the position broadcast at its start, which becomes the average at "
         "its end (the authors' simulated-BLR code)",
     )
@@ -221,9 +309,9 @@ class RunConfig:
     )
     step_size: float | None = _f(
         None,
-        "the algorithm's own step (default per dataset): η, the leapfrog step, for fahmc, "
-        "fald and fahmc-debiased (FA-LD's Langevin learning rate is η²/2); h, the Euler "
-        "step, for sghmc, sgld, async-sghmc and async-sgld",
+        "the algorithm's own step (default per dataset): η, the leapfrog step, for `fahmc`, "
+        "`fald` and `fahmc-debiased` (FA-LD's Langevin learning rate is η²/2); h, the Euler "
+        "step, for `sghmc`, `sgld`, `async-sghmc` and `async-sgld`",
     )
     rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
@@ -234,30 +322,33 @@ class RunConfig:
         choices=MINIBATCH_LAWS,
     )
     anchor_batch_size: int = _f(
-        0, "fahmc-debiased: batch of the clients' gradients at the anchor (0: full local data)"
+        0, "`fahmc-debiased`: batch of the clients' gradients at the anchor (0: full local data)"
     )
     clients_per_round: int | None = _f(
         None, "S: clients drawn each round, 1 … N (fahmc, fald; default: every client)"
     )
     participation: str | None = _f(
         None,
-        "how the S clients are drawn and averaged: weighted (with replacement, probability "
-        "w_c, each draw 1/S), uniform (S distinct, coefficients (N/S) w_c) or normalized "
-        "(S distinct, w_c renormalised; default)",
+        "how the `--clients-per-round` S clients are drawn and averaged: weighted (with "
+        "replacement, each client with probability its share of the data, each draw "
+        "weighing 1/S), uniform (S distinct clients, each weighing N/S times its share) or "
+        "normalized (S distinct clients, their shares renormalised to sum to one; default)",
         choices=PARTICIPATION_SCHEMES,
     )
     staleness: int = _f(0, "sghmc/sgld: gradient staleness δ (steps)")
     staleness_dist: str = _f(
-        "fixed", "sghmc/sgld: δ_l = δ (fixed) or uniform on {0, …, δ}", choices=STALENESS_DISTS
+        "fixed",
+        "sghmc/sgld: each step's staleness δₗ is δ (fixed) or uniform on {0, …, δ}",
+        choices=STALENESS_DISTS,
     )
     friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
     max_staleness: int = _f(
-        10, "async-sghmc/sgld: drop a gradient staler than this many server updates"
+        10, "`async-sghmc`, `async-sgld`: drop a gradient staler than this many server updates"
     )
     max_worker_failures: int = _f(
-        3, "async-sghmc/sgld: retire a worker after this many failed replies in a row"
+        3, "`async-sghmc`, `async-sgld`: retire a worker after this many failed replies in a row"
     )
-    grad_noise: float = _f(0.0, "σ_g: std of Gaussian noise added to every gradient")
+    grad_noise: float = _f(0.0, "std of the Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
     temperature: float | None = _f(
         None, "posterior temperature τ: the target is exp(−f/τ) (default 1)"
@@ -274,12 +365,12 @@ class RunConfig:
     cuda_graphs: bool | None = _f(
         None,
         "capture each round's local iterations in a CUDA graph and replay it (default: on "
-        "with --device cuda; Algorithm 3's rounds on every client; the chain is the same "
+        "with `--device cuda`; Algorithm 3's rounds on every client; the chain is the same "
         "either way)",
     )
     client_gpus: float | None = _f(
         None,
-        "Flower simulation with --device cuda: the share of a GPU that each simulated client "
+        "Flower simulation with `--device cuda`: the share of a GPU that each simulated client "
         "asks Ray for, in (0, 1] (default: 1, all co-located clients share one GPU)",
     )
     # Flower
@@ -287,7 +378,7 @@ class RunConfig:
     straggler_factor: float = _f(
         3.0,
         "Flower: close a round with the replies it has once it has lasted this many times the "
-        "median of the earlier complete rounds (at least --straggler-floor s); 0: off",
+        "median of the earlier complete rounds (at least `--straggler-floor` seconds); 0: off",
     )
     straggler_floor: float = _f(
         30.0, "Flower: the straggler deadline is never shorter than this many seconds"
@@ -297,7 +388,7 @@ class RunConfig:
     )
     node_wait_timeout: float = _f(
         120.0,
-        "Flower: seconds to wait for --min-clients to connect and answer their first message",
+        "Flower: seconds to wait for `--min-clients` to connect and answer their first message",
     )
     on_failure: str = _f(
         "renormalize",
@@ -313,8 +404,8 @@ class RunConfig:
         "write a checkpoint every this many rounds (default: at most once a minute; 0: only "
         "at the end and when stopped)",
     )
-    resume: bool = _f(False, "continue the run in --out from its checkpoint")
-    overwrite: bool = _f(False, "replace the run that --out holds")
+    resume: bool = _f(False, "continue the run in `--out` from its checkpoint")
+    overwrite: bool = _f(False, "replace the run that `--out` holds")
     ece_bins: int | None = _f(None, "equal-width confidence bins of the ECE (default 15)")
     tensorboard: str | None = _f(
         None,
@@ -345,6 +436,8 @@ class RunConfig:
                 continue
             if name not in by_name:
                 raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
+            if value is None and name in NULLABLE:
+                continue  # recorded as unused (config.json): the field's default
             choices = by_name[name].metadata.get("choices", ())
             kwargs[name] = _coerce(
                 key.replace("_", "-"), value, hints[name], literal_none="none" in choices
@@ -380,6 +473,50 @@ class RunConfig:
         ``IN_MEMORY``, a model given as a callable by its import spec (or a description
         when it has none), so that ``config.json`` says truthfully what ran."""
         return {f.name: _record(f.name, getattr(self, f.name)) for f in fields(self)}
+
+    def recorded(self) -> dict[str, typing.Any]:
+        """What ``config.json`` records: ``to_dict`` of this resolved config with the
+        settings that played no part in the run as ``None`` (`recorded_settings`): a CNN
+        records no MLP widths, a given split no Dirichlet α, an engine run no Flower
+        timeouts. A ``None`` there reads back (``from_mapping``) as the field's default."""
+        return recorded_settings(self.to_dict())
+
+    def headline(self) -> str:
+        """The run in one line, as ``fedhmc run`` opens its report: the data, the model,
+        the algorithm, the chains, who takes part in a round, and the steps, e.g.
+        ``digits, logistic, fahmc, 4 chains, 5 of 10 clients a round (normalized), K=10
+        T=10 η=0.01 ρ=1`` (of a resolved config)."""
+        rec = self.recorded()
+        parts = [str(rec["dataset"])]
+        if rec["model"] is not None:
+            model = str(rec["model"])
+            if rec["model_arg"]:
+                model += f"({rec['model_arg']})"
+            parts.append(model)
+        parts.append(self.algorithm)
+        chains = self.chains or 1
+        n = self.num_clients
+        if self.algorithm in ASYNC_ALGORITHMS:
+            parts.append(f"{chains} server{'s' if chains != 1 else ''}")
+            parts.append(f"{n} worker{'s' if n != 1 else ''}")
+        else:
+            parts.append(f"{chains} chain{'s' if chains != 1 else ''}")
+            if self.algorithm in STALE_ALGORITHMS:
+                parts.append("the pooled data" if n == 1 else f"{n} clients' data pooled")
+            elif self.clients_per_round is not None:
+                scheme = self.participation or "normalized"
+                parts.append(f"{self.clients_per_round} of {n} clients a round ({scheme})")
+            elif n == 1:
+                parts.append("1 client")
+            else:
+                parts.append(f"all {n} clients every round")
+        symbol = {"eta": "η"}.get(step_size_symbol(self.algorithm), "h")
+        steps = f"{symbol}={self.step_size:g}"
+        if self.algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+            tail = f"{self.local_steps} steps a round {steps}"
+        else:
+            tail = f"K={self.leapfrog_steps} T={self.local_steps} {steps} ρ={self.rho:g}"
+        return ", ".join(parts) + ", " + tail
 
     @property
     def data_in_memory(self) -> bool:
@@ -606,12 +743,22 @@ class RunConfig:
         )
         S = self.clients_per_round
         if S is not None or self.participation is not None:
+            why = {
+                "fahmc-debiased": " (debiased FA-HMC needs every client's gradient at its anchor)",
+                "sghmc": " (it samples the pooled data: there are no clients to draw)",
+                "sgld": " (it samples the pooled data: there are no clients to draw)",
+            }.get(self.algorithm, " (its workers answer when they can, not when drawn)")
             need(
                 self.algorithm in ("fahmc", "fald"),
                 "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
-                f"not {self.algorithm} (debiased FA-HMC needs every client's gradient at its "
-                "anchor)",
+                f"not {self.algorithm}{why}",
             )
+        need(
+            self.participation is None or S is not None,
+            f"--participation {self.participation} has no effect without --clients-per-round "
+            "(every client takes part in every round); add --clients-per-round S (1 … N) or "
+            "drop --participation",
+        )
         if S is not None:
             N = self.num_clients
             need(S >= 1, f"--clients-per-round must be ≥ 1, got {S}")

@@ -25,7 +25,12 @@ import torch
 
 from fedhmc.algorithms import debiased, fahmc, stale
 from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
-from fedhmc.runtime.config import ASYNC_ALGORITHMS, STALE_ALGORITHMS, RunConfig
+from fedhmc.runtime.config import (
+    ASYNC_ALGORITHMS,
+    STALE_ALGORITHMS,
+    RunConfig,
+    recorded_settings,
+)
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
 from fedhmc.runtime.threads import apply_threads, round_work
@@ -225,9 +230,11 @@ def prepare_out(cfg: RunConfig) -> dict | None:
         state, problems = checkpoint.load(out)
         for p in problems:
             print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
-        saved = dict(state["config"])
+        # Both sides as config.json records them: a setting that played no part (the MLP's
+        # widths of a CNN run) is None on both, whatever value it was given.
+        saved = recorded_settings(dict(state["config"]))
         saved["_round_reached"] = int(state["round"])
-        checkpoint.check_compatible(saved, cfg.to_dict(), state["_header"]["version"])
+        checkpoint.check_compatible(saved, cfg.recorded(), state["_header"]["version"])
         return state
     holds = [n for n in ("config.json", "summary.json", "checkpoint.pt") if (out / n).exists()]
     if holds and not cfg.overwrite:
@@ -242,7 +249,14 @@ def prepare_out(cfg: RunConfig) -> dict | None:
             f"--resume {cfg.out}, replace it with --overwrite, or choose another --out"
         )
     if holds:
-        for name in ("checkpoint.pt", "checkpoint.prev.pt", "samples.npy", "summary.json"):
+        for name in (
+            "checkpoint.pt",
+            "checkpoint.prev.pt",
+            "samples.npy",
+            "summary.json",
+            EXPORT,
+            OUTDATED_EXPORT,
+        ):
             (out / name).unlink(missing_ok=True)
     return None
 
@@ -365,7 +379,9 @@ def _run_locked(
     writer = RunWriter(cfg.out, columns, keep_rows=keep)
     from fedhmc.runtime.config import step_size_meaning
 
-    writer.write_config({**cfg.to_dict(), "step_size_means": step_size_meaning(cfg.algorithm)})
+    writer.write_config({**cfg.recorded(), "step_size_means": step_size_meaning(cfg.algorithm)})
+    if resumed is not None:
+        retire_export(cfg.out)
     tb = None
     if cfg.tensorboard:
         from fedhmc.runtime.output import TensorBoardLog
@@ -582,6 +598,30 @@ def _run_locked(
     return result
 
 
+EXPORT = "posterior.nc"
+"""The file ``fedhmc export --to arviz`` writes into a run's folder by default."""
+OUTDATED_EXPORT = "posterior.outdated.nc"
+"""What a resumed run renames an earlier ``EXPORT`` to: its draws end where the run stopped."""
+
+
+def retire_export(out: str | Path) -> Path | None:
+    """When a run goes on (``--resume``), rename the ArviZ export of its earlier draws,
+    ``posterior.nc``, to ``posterior.outdated.nc`` (replacing an older one), with one line
+    on stderr: the export no longer holds every draw of the run. Returns the new path, or
+    None when there was no export."""
+    src = Path(out) / EXPORT
+    if not src.is_file() or src.is_symlink():
+        return None
+    dst = src.with_name(OUTDATED_EXPORT)
+    src.replace(dst)
+    print(
+        f"fedhmc: {src} holds the draws up to the checkpoint only and is now {dst.name}; "
+        f"export again when the run ends (fedhmc export {out} --to arviz)",
+        file=sys.stderr,
+    )
+    return dst
+
+
 def _note_device_change(cfg: RunConfig, resumed: dict) -> None:
     """One line on stderr when a run continues on another device than the one its
     checkpoint was written on (``resuming on cpu a run that was saved on cuda:0``)."""
@@ -645,9 +685,10 @@ def run(
     on_round
         Called with each round's metrics row.
     threads
-        torch's intra-op threads for the run: a number, ``"auto"`` (one thread for small
-        gradient evaluations, every core for large ones: `fedhmc.runtime.threads`), or
-        None to leave torch's setting as it is.
+        torch's intra-op threads for the run: a number, or ``"auto"`` (one thread for small
+        gradient evaluations, every core for large ones: `fedhmc.runtime.threads`). None
+        (the default) chooses as ``fedhmc run`` does: ``auto``, unless the command line's
+        ``--threads`` set another for its process.
     """
     if cfg.backend != "engine":  # the run's own backend (Flower's simulation), not this one
         from fedhmc.runtime.backends import run_config

@@ -24,6 +24,7 @@ from __future__ import annotations
 import csv
 import json
 import math
+import os
 from pathlib import Path
 
 import numpy as np
@@ -97,18 +98,58 @@ def param_layout(config: dict, summary: dict, dim: int) -> list[tuple[str, tuple
     return [("theta", ("parameter",), np.arange(dim))]
 
 
+def load_samples(run: str | Path) -> np.ndarray:
+    """``RUN/samples.npy``, the draws (draws, chains, d), or a one-line ``ConfigError``
+    when the file is damaged (cut short by a full disk or a copy, or not an array)."""
+    path = Path(run) / "samples.npy"
+    try:
+        draws = np.load(path, allow_pickle=False)
+    except (ValueError, EOFError, OSError) as e:
+        detail = " ".join(str(e).split())[:160] or type(e).__name__
+        raise ConfigError(
+            f"{path} is damaged ({detail}); it is written whole at the end of a run: "
+            f"restore it, or run again with --save-samples"
+        ) from None
+    if not isinstance(draws, np.ndarray) or draws.ndim != 3:
+        shape = getattr(draws, "shape", "?")
+        raise ConfigError(
+            f"{path} has shape {shape}, not the (draws, chains, d) that --save-samples "
+            "writes; restore it, or run again with --save-samples"
+        )
+    if not np.issubdtype(draws.dtype, np.floating):
+        raise ConfigError(
+            f"{path} holds {draws.dtype} values, not the floats that --save-samples writes; "
+            "restore it, or run again with --save-samples"
+        )
+    return draws
+
+
+def _read_json(path: Path) -> dict:
+    """A run's JSON file as a dict, or a one-line ``ConfigError``."""
+    try:
+        value = json.loads(path.read_text())
+    except (OSError, ValueError) as e:
+        raise ConfigError(f"cannot read {path} ({e}); restore it from the run") from None
+    if not isinstance(value, dict):
+        raise ConfigError(f"{path} holds a JSON {type(value).__name__}, not the run's object")
+    return value
+
+
 def _collected_rows(run: Path) -> list[dict]:
     """The metrics.csv rows of the rounds whose θ̄ was collected (``samples`` went up)."""
     rows, prev = [], 0
-    with open(run / "metrics.csv", newline="") as f:
-        for r in csv.DictReader(f):
-            try:
-                n = int(r["samples"])
-            except (KeyError, TypeError, ValueError):
-                continue
-            if n > prev:
-                rows.append(r)
-            prev = n
+    try:
+        with open(run / "metrics.csv", newline="") as f:
+            for r in csv.DictReader(f):
+                try:
+                    n = int(r["samples"])
+                except (KeyError, TypeError, ValueError):
+                    continue
+                if n > prev:
+                    rows.append(r)
+                prev = n
+    except (OSError, UnicodeDecodeError, csv.Error):
+        return []  # no per-draw statistics: the draws themselves still export
     return rows
 
 
@@ -132,12 +173,10 @@ def to_inference_data(run_dir: str | Path):
         raise ConfigError(
             f"{run} has no samples.npy: the draws were not kept; run with --save-samples"
         )
-    config = json.loads((run / "config.json").read_text())
+    config = _read_json(run / "config.json")
     summary_path = run / "summary.json"
-    summary = json.loads(summary_path.read_text()) if summary_path.is_file() else {}
-    draws = np.load(run / "samples.npy")  # (draws, chains, d)
-    if draws.ndim != 3:
-        raise ConfigError(f"{run}/samples.npy has shape {draws.shape}; expected (draws, chains, d)")
+    summary = _read_json(summary_path) if summary_path.is_file() else {}
+    draws = load_samples(run)  # (draws, chains, d)
     # (chain, draw, d), in float64: ArviZ then folds and ranks at the precision fedhmc's
     # own diagnostics use (in float32, rounding creates ties that move R̂ by ~1e-3).
     x = np.ascontiguousarray(draws.transpose(1, 0, 2), dtype=np.float64)
@@ -176,11 +215,18 @@ def to_inference_data(run_dir: str | Path):
 def export_arviz(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``to_inference_data(run_dir)`` as netCDF (default ``RUN_DIR/posterior.nc``),
     atomically; returns the path."""
+    from fedhmc.runtime.output import PRIVATE_MODE, open_private, refuse_links
+
     idata = to_inference_data(run_dir)
     path = Path(out) if out is not None else Path(run_dir) / "posterior.nc"
+    if out is None:  # inside the run folder: a link planted there is refused
+        refuse_links(path.parent, (path.name,))
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)  # a link planted there is removed, never written through
+    open_private(tmp).close()  # the draws may reveal the data: 0600 from the start
     try:
         idata.to_netcdf(str(tmp), engine="h5netcdf")
+        os.chmod(tmp, PRIVATE_MODE)
     except (ValueError, ImportError) as e:
         tmp.unlink(missing_ok=True)
         raise ConfigError(

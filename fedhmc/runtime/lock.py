@@ -15,8 +15,22 @@ import sys
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
+from fedhmc.runtime.output import refuse_links
 
 NAME = ".lock"
+
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _holder(text: str) -> tuple[str, str]:
+    """(process id, what it does) from a lock file's text: ``process 123`` and, on the next
+    line, what the holder said it is (``a run``, ``a sweep``); older locks lack that line."""
+    lines = text.strip().splitlines()
+    first = lines[0].split() if lines else []
+    pid = first[-1] if len(first) >= 2 and first[0] == "process" else "another process"
+    what = lines[1].strip() if len(lines) > 1 and lines[1].strip() else "a fedhmc command"
+    return pid, what
 
 
 def _alive(pid: int) -> bool:
@@ -37,7 +51,8 @@ class FolderLock:
     folder
         The run, sweep or experiment folder (created if missing).
     what
-        What the holder is doing there, for the refusal ("a run", "a sweep").
+        What this process does there ("a run", "a sweep"), written into the lock file so
+        that another process refused by it names the holder's work truthfully.
     """
 
     def __init__(self, folder: str | os.PathLike, what: str = "a run"):
@@ -53,18 +68,18 @@ class FolderLock:
         try:
             self._made_folder = not self.folder.exists()
             self.folder.mkdir(parents=True, exist_ok=True)
+            refuse_links(self.folder)  # a planted .lock (or run file) is never followed
             while True:
-                f = open(self.path, "a+")  # noqa: SIM115 (closed in release)
+                f = self._open()
                 try:
                     fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
                 except BlockingIOError:
                     f.seek(0)
-                    holder = f.read().strip()
+                    pid, what = _holder(f.read())
                     f.close()
                     self._forget_folder()
-                    pid = holder.split()[-1] if holder else "another process"
                     raise ConfigError(
-                        f"{self.folder} is in use by process {pid} ({self.what} still going); "
+                        f"{self.folder} is in use by process {pid} ({what} still going); "
                         f"wait for it to end or stop it (kill {pid}), or choose another --out"
                     ) from None
                 # The file may have been removed by its last holder between our open and our
@@ -83,7 +98,7 @@ class FolderLock:
         f.seek(0)
         before = f.read().strip()
         if before.startswith("process "):
-            pid = before.split()[-1]
+            pid, _ = _holder(before)
             if pid.isdigit() and int(pid) != os.getpid() and not _alive(int(pid)):
                 print(
                     f"fedhmc: note: {self.folder} was left locked by process {pid}, which is "
@@ -92,10 +107,21 @@ class FolderLock:
                 )
         f.seek(0)
         f.truncate()
-        f.write(f"process {os.getpid()}")
+        f.write(f"process {os.getpid()}\n{self.what}\n")
         f.flush()
         self._f = f
         return self
+
+    def _open(self):
+        """The lock file, created if missing, opened without following a symbolic link
+        (closed in ``release``)."""
+        try:
+            fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
+        except OSError:
+            if self.path.is_symlink():
+                refuse_links(self.folder, (NAME,))
+            raise
+        return os.fdopen(fd, "r+")
 
     def release(self, discard: bool = False) -> None:
         """Give the folder back. The lock file goes (and, with ``discard``, the folder too

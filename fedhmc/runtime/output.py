@@ -4,6 +4,10 @@ Every file is valid at every moment: ``metrics.csv`` is appended and flushed one
 a time, and ``summary.json`` and ``samples.npy`` are written to a temporary name and
 renamed, so a run that stops (a diverged chain, Ctrl-C) leaves readable files behind.
 The in-process engine and the Flower ServerApp write the same files through this class.
+
+No file is written through a symbolic link planted in the run folder: such a link is
+refused in one line (`refuse_links`). ``samples.npy`` (like the checkpoints) is readable
+by its owner alone, mode 0600 whatever the umask: draws may reveal the data.
 """
 
 from __future__ import annotations
@@ -31,11 +35,84 @@ def plain(v):
     return v
 
 
+RUN_FILES = (
+    ".lock",
+    "config.json",
+    "metrics.csv",
+    "summary.json",
+    "samples.npy",
+    "checkpoint.pt",
+    "checkpoint.prev.pt",
+    "posterior.nc",
+    "posterior.outdated.nc",
+    "staleness.csv",
+    "workers.csv",
+    "sweep.json",
+    "results.csv",
+    "results.parquet",
+    "selected.csv",
+)
+"""The files fedhmc writes in a run's (or a sweep's) folder; none of them, nor their
+``.tmp`` names, may be a symbolic link (`refuse_links`)."""
+
+PRIVATE_MODE = 0o600
+"""Checkpoints and draws (``samples.npy``, the ArviZ export) may reveal a run's data: they
+are written readable by their owner alone, whatever the umask."""
+
+_NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
+
+
+def _link_refusal(path: Path) -> ConfigError:
+    return ConfigError(
+        f"{path} is a symbolic link; fedhmc does not follow links inside a run folder "
+        f"(the link could make it overwrite another file): remove it (rm {path}) and run again"
+    )
+
+
+def refuse_links(folder: str | os.PathLike, names=RUN_FILES) -> None:
+    """A one-line ``ConfigError`` when one of ``names`` (or its ``.tmp`` name) in
+    ``folder`` is a symbolic link: fedhmc neither writes nor reads through a link planted
+    in a run folder."""
+    folder = Path(folder)
+    for name in names:
+        for path in (folder / name, folder / (name + ".tmp")):
+            if path.is_symlink():
+                raise _link_refusal(path)
+
+
+def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o666, binary=True):
+    """``os.open(path, flags | O_NOFOLLOW, mode)`` as a file object (``"wb"``/``"ab"``, or
+    text with ``binary=False``): a symbolic link at ``path`` is a one-line ``ConfigError``,
+    not a file written through."""
+    path = Path(path)
+    try:
+        fd = os.open(path, flags | _NOFOLLOW, mode)
+    except OSError:
+        if path.is_symlink():
+            raise _link_refusal(path) from None
+        raise
+    append = flags & os.O_APPEND
+    if binary:
+        return os.fdopen(fd, "ab" if append else "wb")
+    return os.fdopen(fd, "a" if append else "w", newline="")
+
+
+def open_private(path: str | os.PathLike):
+    """``path`` created (or emptied) for writing in binary, mode 0600 whatever the umask,
+    without following a symbolic link."""
+    f = open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, PRIVATE_MODE)
+    os.fchmod(f.fileno(), PRIVATE_MODE)  # an existing file keeps its mode otherwise
+    return f
+
+
 def atomic_write(path: str | os.PathLike, write) -> None:
     """Call ``write(tmp)`` on a temporary name beside ``path``, then rename it into place:
-    readers see the old file or the new one, never half of one."""
+    readers see the old file or the new one, never half of one. Whatever was at the
+    temporary name (a symbolic link included) is removed first, never written through; the
+    rename replaces a link at ``path`` itself rather than following it."""
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
+    tmp.unlink(missing_ok=True)
     write(tmp)
     os.replace(tmp, path)
 
@@ -82,14 +159,15 @@ class RunWriter:
         self.out = Path(out)
         try:
             self.out.mkdir(parents=True, exist_ok=True)
-            probe = self.out / ".write-test"
-            probe.write_text("")
-            probe.unlink()
+            import tempfile
+
+            tempfile.TemporaryFile(dir=self.out).close()  # a fresh name: nothing followed
         except OSError as e:
             raise ConfigError(
                 f"cannot write to --out {str(self.out)!r} ({e.strerror or e}); "
                 "choose a writable directory"
             ) from None
+        refuse_links(self.out)
         self.columns = ("round", *columns, "wall_s", "grad_evals")
         path = self.out / "metrics.csv"
         if keep_rows is not None:
@@ -102,10 +180,11 @@ class RunWriter:
                         w.writerow({k: row.get(k, "") for k in self.columns})
 
             _atomic_write(path, write)
-            self._csv_file = open(path, "a", newline="")  # noqa: SIM115
+            self._csv_file = open_nofollow(path, os.O_WRONLY | os.O_APPEND, binary=False)
             self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
         else:
-            self._csv_file = open(path, "w", newline="")  # noqa: SIM115
+            flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
+            self._csv_file = open_nofollow(path, flags, binary=False)
             self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
             self._csv.writeheader()
         self._csv_file.flush()
@@ -131,7 +210,7 @@ class RunWriter:
         arr = np.stack(self.samples).astype(np.float32)  # (num_samples, chains, d)
 
         def write(p: Path) -> None:
-            with open(p, "wb") as f:
+            with open_private(p) as f:  # the draws may reveal the data: 0600
                 np.save(f, arr)
 
         _atomic_write(self.out / "samples.npy", write)

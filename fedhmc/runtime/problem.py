@@ -215,9 +215,11 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
             target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
         elif cfg.cuda_graphs:
             target.graphs = RoundGraphs()
+        check_run_memory(cfg, None, cfg.dim, device)  # before the first round: one line
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, None, device)
+    check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
     if cfg.cuda_graphs:  # the clients' rounds replayed from CUDA graphs (all clients')
         target.graphs = RoundGraphs()
     model = target.model
@@ -248,7 +250,9 @@ def build_clients_target(cfg: RunConfig, num_total: int | None = None, device="c
     if cfg.dataset in GAUSSIAN_TARGETS:
         return hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
     data, parts = load_client_data(cfg)
-    return _clients_data_target(cfg, data, parts, num_total, device)
+    target = _clients_data_target(cfg, data, parts, num_total, device)
+    check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
+    return target
 
 
 def build_client_target(
@@ -398,3 +402,78 @@ def async_worker_target(cfg, partition_id: int, num_total: int | None = None, de
         post = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype).posterior()
         return GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device), 1
     return build_client_target(cfg, partition_id, num_total, device=device)
+
+
+# ---------------------------------------------------------------- memory, before a run
+
+MEMORY_COPIES = 8
+"""Arrays of the clients' (N, S, D) positions that a round holds at its peak: positions,
+momenta, gradients, and the parameters and gradients of the batched forward pass. About 10
+were measured for a module; 8 keeps the estimate below what a run needs, so that a run
+that fits is never refused."""
+
+
+def estimate_run_bytes(
+    *,
+    train_values: int,
+    test_values: int,
+    test_rows: int,
+    num_classes: int,
+    dim: int,
+    chains: int,
+    clients: int,
+    itemsize: int,
+) -> tuple[int, int]:
+    """A run's memory from its data and sampler: ``(host, compute)`` bytes, where host is
+    what the loaded data holds on the CPU and compute what the run holds where it computes
+    (the CPU too for ``--device cpu``). A pure function of the sizes:
+
+    - data: the float32 features (``train_values`` and ``test_values`` numbers) and each
+      client's copy of its rows, on the host; the features in the run's dtype
+      (``itemsize`` bytes) where it computes;
+    - sampler: ``MEMORY_COPIES`` arrays of ``clients`` × ``chains`` × ``dim`` numbers (the
+      clients that compute in a round), and four of ``chains`` × ``dim`` (θ̄, the round's
+      start, the draws kept for diagnostics, the checkpoint's copy);
+    - predictive: the test set's class probabilities per chain and their running average.
+    """
+    host = 4 * (2 * train_values + test_values)
+    data = itemsize * (train_values + test_values)
+    sampler = itemsize * dim * chains * (MEMORY_COPIES * clients + 4)
+    predictive = itemsize * test_rows * num_classes * (chains + 1)
+    return host, data + sampler + predictive
+
+
+def check_run_memory(cfg: RunConfig, data, dim: int, device) -> None:
+    """Refuse in one line a run whose `estimate_run_bytes` exceeds the memory free where
+    it computes (the host's and, on a GPU, the GPU's); ``data`` is None for Gaussian
+    targets."""
+    import math as _math
+
+    from fedhmc_datasets.memory import require
+
+    if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy
+        clients = 1
+    else:
+        clients = min(cfg.clients_per_round or cfg.num_clients, cfg.num_clients)
+    shape = tuple(data.X_train.shape[1:]) if data is not None else ()
+    host, compute = estimate_run_bytes(
+        train_values=int(data.X_train.shape[0]) * _math.prod(shape) if data is not None else 0,
+        test_values=int(data.X_test.shape[0]) * _math.prod(shape) if data is not None else 0,
+        test_rows=int(data.X_test.shape[0]) if data is not None else 0,
+        num_classes=int(data.num_classes) if data is not None else 0,
+        dim=int(dim),
+        chains=int(cfg.chains or 1),
+        clients=int(clients),
+        itemsize=torch.finfo(torch_dtype(cfg)).bits // 8,
+    )
+    fix = (
+        f"use fewer --chains (now {cfg.chains or 1}) or --num-clients (now {cfg.num_clients}; "
+        "or --clients-per-round), a smaller model (D = "
+        f"{dim:,} parameters) or less data, or a machine with more memory"
+    )
+    what = f"the run (D = {dim:,}, {cfg.chains or 1} chains, {clients} clients a round)"
+    if torch.device(device).type == "cpu":
+        require(host + compute, "cpu", what, fix)
+    else:
+        require(host, "cpu", what, fix)
+        require(compute, device, what, fix)

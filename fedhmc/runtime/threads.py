@@ -7,6 +7,10 @@ beside other busy processes, because each of the thousands of small ops waits fo
 scheduler. Where it is large (Fashion-MNIST, batch 1000, about 8·10⁷) a second thread gains
 1.8-1.9× idle and loses about 20 % under the same load. So ``auto`` uses one thread below
 ``AUTO_WORK`` and every core above it.
+
+``auto`` is the default everywhere: ``fedhmc run``, ``fedhmc sweep``, ``fedhmc experiment``
+and the Python API (``fedhmc.runtime.engine.run(cfg)`` with ``threads`` left out) choose
+the same way; a number given to any of them is used as it is.
 """
 
 from __future__ import annotations
@@ -56,25 +60,37 @@ def auto_threads(work: int, cores: int | None = None) -> int:
     return cores if work >= AUTO_WORK else 1
 
 
-_default: int | str | None = None
+DEFAULT = "auto"
+"""What a run that names no thread count uses, from the command line and from Python alike
+(``fedhmc run`` and ``run(RunConfig(...))`` compute with the same threads)."""
+
+_default: int | str = DEFAULT
 
 
 def set_default_threads(threads: int | str | None) -> None:
     """What ``apply_threads`` does when a run names no thread count: the command line
-    sets it once for every run it starts in its process (``--threads``)."""
+    sets it once for every run it starts in its process (``--threads``); None restores
+    ``DEFAULT`` (``auto``)."""
     global _default
-    _default = parse_threads(threads)
+    parsed = parse_threads(threads)
+    _default = DEFAULT if parsed is None else parsed
+
+
+def default_threads() -> int | str:
+    """The thread count a run that names none uses in this process (``auto`` unless the
+    command line's ``--threads`` set another)."""
+    return _default
 
 
 def apply_threads(threads: int | str | None, work: int) -> int:
-    """Set torch's intra-op threads; returns the count. ``None`` means the process default
-    (``set_default_threads``), and with none set leaves torch's setting as it is."""
+    """Set torch's intra-op threads for a gradient evaluation of ``work`` multiply-adds;
+    returns the count. ``None`` means the process default: ``auto``, as ``fedhmc run``
+    without ``--threads``, unless ``set_default_threads`` chose another."""
     import torch
 
     if threads is None:
         threads = _default
     if threads == "auto":
         threads = auto_threads(work)
-    if threads is not None:
-        torch.set_num_threads(int(threads))
+    torch.set_num_threads(int(threads))
     return torch.get_num_threads()

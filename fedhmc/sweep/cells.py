@@ -16,7 +16,7 @@ import time
 from pathlib import Path
 
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import RunConfig, recorded_settings
 from fedhmc.runtime.lock import FolderLock
 from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
 from fedhmc.sweep.table import build_table, write_table
@@ -59,7 +59,10 @@ def same_run_settings(a: dict, b: dict) -> bool:
         if k in defaults:
             a.setdefault(k, defaults[k])
             b.setdefault(k, defaults[k])
-    return a == b
+    # What config.json records: the settings that played no part as null, on both sides
+    # (after the missing keys are filled, so a key one side lacks is nulled like the other's;
+    # a config.json written before the nulling compares the same).
+    return recorded_settings(a) == recorded_settings(b)
 
 
 def _field_defaults() -> dict:
@@ -184,8 +187,9 @@ def run_cells(
     Parameters
     ----------
     threads
-        torch threads of each cell (run_cell): a number, ``"auto"``, or None to leave
-        torch's setting (in a worker process: the number its pool was started with).
+        torch threads of each cell (run_cell): a number, ``"auto"``, or None for the
+        process default (``auto``, as ``fedhmc run``; in a worker process: the number its
+        pool was started with).
     desc
         The progress bar's label (a bar over the cells, on a terminal, when ``progress``).
     log

@@ -46,3 +46,39 @@ def test_bad_threads_is_one_line_and_writes_nothing(tmp_path, capsys):
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "--threads must be a positive integer or 'auto'" in err[0]
     assert not out.exists()
+
+
+def test_python_api_chooses_threads_as_the_command_line_does(tmp_path):
+    """`run(RunConfig(...))` without ``threads`` picks ``auto`` like `fedhmc run`: one thread
+    for digits' small gradient evaluations, whatever torch was set to before."""
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        res = run(RunConfig(rounds=2, out=str(tmp_path / "api")), progress=False)
+        assert res.summary["threads"] == 1
+        assert main(["run", "--rounds", "2", "--quiet", "--out", str(tmp_path / "cli")]) == 0
+        cli = json.loads((tmp_path / "cli" / "summary.json").read_text())
+        assert cli["threads"] == res.summary["threads"]
+        torch.set_num_threads(3)  # a number given is used as it is
+        res = run(RunConfig(rounds=2, out=str(tmp_path / "two")), progress=False, threads=2)
+        assert res.summary["threads"] == 2
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_default_threads_is_auto_and_the_command_line_can_change_it():
+    from fedhmc.runtime.threads import apply_threads, default_threads, set_default_threads
+
+    old = torch.get_num_threads()
+    try:
+        assert default_threads() == "auto"
+        assert apply_threads(None, work=1) == 1  # auto: small work, one thread
+        set_default_threads("2")  # what `fedhmc experiment --threads 2` does
+        assert default_threads() == 2 and apply_threads(None, work=1) == 2
+        set_default_threads(None)
+        assert default_threads() == "auto"
+    finally:
+        torch.set_num_threads(old)
