@@ -11,24 +11,6 @@ from fedhmc.errors import ConfigError
 from fedhmc.runtime.threads import parse_threads
 
 
-def _note_extension(run_dir: str, cfg) -> None:
-    """One line on stderr when ``--rounds`` extends the run: which burn-in it keeps."""
-    import json
-
-    try:
-        before = json.loads((Path(run_dir) / "config.json").read_text()).get("rounds")
-    except (OSError, ValueError, AttributeError):
-        return
-    if isinstance(before, int) and cfg.rounds > before:
-        s = "" if cfg.burn_in == 1 else "s"
-        print(
-            f"fedhmc run: extending {run_dir} from {before} to {cfg.rounds} rounds; it keeps its "
-            f"burn-in of {cfg.burn_in} round{s}, as an uninterrupted run with --rounds "
-            f"{cfg.rounds} --burn-in {cfg.burn_in}",
-            file=sys.stderr,
-        )
-
-
 def _jsonable(config: dict) -> dict:
     """``config`` as its JSON form (what a checkpoint's header holds)."""
     import json
@@ -93,7 +75,6 @@ def cmd_run(args: argparse.Namespace) -> int:
         cfg = resume_config(args.resume_dir, given)
         resolved = cfg.resolve()  # refusals (another data file, data in memory) come first
         check_resume(args.resume_dir, resolved, given)  # then the checkpoint's, silently
-        _note_extension(args.resume_dir, resolved)
     else:
         cfg = config_from_args(args)
     from fedhmc_datasets.memory import is_out_of_memory

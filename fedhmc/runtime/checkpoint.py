@@ -293,27 +293,62 @@ def state_dict(state) -> dict:
 
 def state_from_dict(saved: dict, cls: type, device=None):
     """The ``cls`` State that ``state_dict`` saved, its tensors on ``device`` (None: where
-    they are; `load` puts them on the CPU)."""
-    name = f"{cls.__module__}.{cls.__qualname__}"
+    they are; `load` puts them on the CPU).
+
+    The types of nested states come from ``cls``'s declared fields, never from the file:
+    a checkpoint that names any other type is refused in one line, and nothing it names is
+    imported.
+    """
+    import dataclasses
+    import typing
+
+    name = _type_name(cls)
     if not isinstance(saved, dict) or saved.get("type") != name:
         got = saved.get("type") if isinstance(saved, dict) else type(saved).__name__
         raise ConfigError(
-            f"cannot resume: the checkpoint holds a {got} state, this run needs {name}; "
+            f"cannot resume: the checkpoint holds a {str(got)[:80]!r} state, this run needs "
+            f"{name}; start the run again with --overwrite"
+        )
+    fields = saved.get("fields")
+    declared = {f.name for f in dataclasses.fields(cls)}
+    if not isinstance(fields, dict) or not set(fields) <= declared:
+        raise ConfigError(
+            f"cannot resume: the checkpoint's {name} state does not have this version's fields; "
             "start the run again with --overwrite"
         )
+    hints = typing.get_type_hints(cls)
 
-    def back(v):
+    def back(v, hint, where: str):
         if isinstance(v, torch.Tensor):
             return v if device is None else v.to(device)
         if isinstance(v, dict) and "type" in v and "fields" in v:
-            import importlib
-
-            module, _, qual = v["type"].rpartition(".")
-            return state_from_dict(v, getattr(importlib.import_module(module), qual), device)
+            for nested in _dataclasses_in(hint):
+                if v["type"] == _type_name(nested):
+                    return state_from_dict(v, nested, device)
+            raise ConfigError(
+                f"cannot resume: the checkpoint puts a {str(v['type'])[:80]!r} state in "
+                f"{where}, which holds no such state; start the run again with --overwrite"
+            )
         if isinstance(v, dict):
-            return {k: back(x) for k, x in v.items()}
+            return {k: back(x, None, where) for k, x in v.items()}
         if isinstance(v, (list, tuple)):
-            return type(v)(back(x) for x in v)
+            return type(v)(back(x, None, where) for x in v)
         return v
 
-    return cls(**{k: back(v) for k, v in saved["fields"].items()})
+    return cls(**{k: back(v, hints.get(k), f"{name}.{k}") for k, v in fields.items()})
+
+
+def _type_name(cls: type) -> str:
+    return f"{cls.__module__}.{cls.__qualname__}"
+
+
+def _dataclasses_in(hint) -> list[type]:
+    """The dataclasses a field's type hint names (``State``, ``State | None``, …)."""
+    import dataclasses
+    import typing
+
+    if hint is None:
+        return []
+    if isinstance(hint, type) and dataclasses.is_dataclass(hint):
+        return [hint]
+    return [c for arg in typing.get_args(hint) for c in _dataclasses_in(arg)]

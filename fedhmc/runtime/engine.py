@@ -375,6 +375,11 @@ def _run_locked(
     columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
     keep = None
     if resumed is not None:
+        # The sampler's state first: a checkpoint whose state this run cannot take is
+        # refused before any file of the run is touched.
+        if backend_state is not None:
+            backend_state[1](checkpoint.to_device(resumed.get("backend") or {}, theta0.device))
+        _note_extension(cfg, resumed)
         keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
     writer = RunWriter(cfg.out, columns, keep_rows=keep)
     from fedhmc.runtime.config import step_size_meaning
@@ -414,8 +419,6 @@ def _run_locked(
         evaluator.load_state_dict(
             checkpoint.to_device(resumed["evaluator"], _evaluator_device(evaluator, theta0))
         )
-        if backend_state is not None:
-            backend_state[1](checkpoint.to_device(resumed.get("backend") or {}, theta0.device))
         result.history = keep
     t0 = time.perf_counter()
 
@@ -620,6 +623,20 @@ def retire_export(out: str | Path) -> Path | None:
         file=sys.stderr,
     )
     return dst
+
+
+def _note_extension(cfg: RunConfig, resumed: dict) -> None:
+    """One line on stderr when ``--rounds`` extends a resumed run: which burn-in it keeps
+    (said once the checkpoint is accepted, so that a refused resume says only why)."""
+    before = (resumed.get("config") or {}).get("rounds")
+    if isinstance(before, int) and cfg.rounds > before:
+        s = "" if cfg.burn_in == 1 else "s"
+        print(
+            f"fedhmc run: extending {cfg.out} from {before} to {cfg.rounds} rounds; it keeps "
+            f"its burn-in of {cfg.burn_in} round{s}, as an uninterrupted run with --rounds "
+            f"{cfg.rounds} --burn-in {cfg.burn_in}",
+            file=sys.stderr,
+        )
 
 
 def _note_device_change(cfg: RunConfig, resumed: dict) -> None:
