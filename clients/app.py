@@ -27,7 +27,8 @@ a device of its own (``cuda``, ``cuda:1``, ``cpu``) instead of the run's, and
 computation itself is `fedhmc_clients.compute.compute` either way.
 
 A user's error on this node (a ``device`` it does not have, data that differ from the
-server's) is logged in one line and sent back as the reply's error, with no traceback.
+server's, a ``--model`` factory or forward pass that raises: ``fedhmc.errors.ModelError``)
+is logged in one line and sent back as the reply's error, with no traceback.
 """
 
 from __future__ import annotations

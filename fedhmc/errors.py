@@ -20,6 +20,13 @@ class DataError(FedHMCError):
     """A dataset is missing, corrupt, or cannot be split as asked."""
 
 
+class ModelError(FedHMCError, RuntimeError):
+    """The user's own model code raised: the ``--model`` factory while building the module,
+    or the module's forward or backward pass during a run. The message names the model and
+    the original exception's type, first line and place in the user's code; the original
+    exception is its ``__cause__``. A run it stops mid-way keeps its checkpoint."""
+
+
 class NonFiniteError(FedHMCError, FloatingPointError):
     """The chain produced a non-finite position or energy."""
 

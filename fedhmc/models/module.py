@@ -1,8 +1,9 @@
 """Any ``torch.nn.Module`` as a likelihood model on a flat parameter vector.
 
 A module g_θ maps a batch of inputs (B, *features) to class logits (B, C). θ is the flat
-vector of its parameters in ``named_parameters()`` order, each tensor flattened row-major,
-so ``nn.Linear(d, C)`` gives θ = (weight[C, d], bias[C]). The negative log-likelihood of a
+vector of its sampled parameters (those that require gradients) in ``named_parameters()``
+order, each tensor flattened row-major, so ``nn.Linear(d, C)`` gives θ = (weight[C, d],
+bias[C]). The negative log-likelihood of a
 row (one chain and one client) is Σ_i sw_i ℓ(θ; x_i, y_i) with ℓ = −log softmax(g_θ(x))_y,
 and its gradient comes from ``torch.func``: θ's rows are put into the module as
 ``functional_call`` would, ``vmap`` maps the forward pass over every (chain, client) row in
@@ -19,18 +20,31 @@ CPU), ``TorchModel`` evaluates row by row instead; ``batching`` says which, and
 chain): one batched call, except for modules with convolutions on a CPU. Both give the same
 numbers up to float rounding.
 
-The module is evaluated in eval mode. It must not change its buffers in the forward pass
-(batch norm in training mode does) and must be deterministic given θ (dropout in training
-mode is not); ``TorchModel`` checks both on the first examples and refuses the module
-with one line otherwise.
+Only the parameters that require gradients are sampled: θ holds those, and a parameter
+with ``requires_grad=False`` (a frozen, pretrained feature extractor, say) keeps the value
+the factory gave it, in the module, in every call (``frozen_layout``). The module is built
+once under a fixed seed (``BUILD_SEED``), so that a frozen part drawn at random is the same
+in every process of a run.
+
+The module is evaluated in eval mode. It must not change its buffers or frozen parameters
+in the forward pass (batch norm in training mode does), must be deterministic given θ
+(dropout in training mode is not), and must compute each example's output from that
+example alone (batch norm without running statistics does not); ``TorchModel`` checks
+these on the first examples and refuses the module with one line otherwise.
+
+An exception raised by the user's code (the factory, or the forward or backward pass in a
+later round) becomes a one-line ``ModelError`` naming the model, the exception and where
+in the user's code it was raised; allocation failures pass through unchanged.
 """
 
 from __future__ import annotations
 
+import hashlib
 import importlib
 import math
 import os
 import sys
+import traceback
 from collections.abc import Callable
 
 import torch
@@ -38,7 +52,7 @@ import torch.nn.functional as F
 from torch.func import vmap
 
 from fedhmc.core import rng
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, FedHMCError, ModelError
 from fedhmc.models import BATCHINGS
 
 try:  # torch.func.vmap's own primitives: one batching level without its per-call checks
@@ -69,6 +83,58 @@ convolutions are slow on a CPU only when they are large)."""
 
 PREDICT_CHUNK = 2048
 """Examples per forward pass when predicting a test set (bounds the activations' memory)."""
+
+BUILD_SEED = 0
+"""torch's seed while the factory builds the module that a run evaluates (its global random
+state is saved and restored around it): what the factory draws at random, a frozen
+part's or a buffer's values, is then the same on the engine, the Flower server and every
+client. The sampled parameters' values are θ's, drawn per chain (``module_init``)."""
+
+BATCH_RTOL = 1e-4
+"""How far, relative to the largest output (or 1), an example's output alone may be from
+its output within a batch (``TorchModel``'s check that the module treats examples one by
+one): float rounding moves them by ~1e-6 in float32, while batch norm without running
+statistics moves logits by ~0.1 and more."""
+
+BATCH_RTOL_ACCELERATOR = 1e-3
+"""``BATCH_RTOL`` in float32 on a GPU, whose kernels may differ by batch size and run
+convolutions in TF32 (10 mantissa bits, ~5e-4 relative per operation)."""
+
+_OUR_CODE = (
+    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+)
+"""torch's and fedhmc's own folders: a user error's place is its innermost frame outside them."""
+
+
+def _passes_through(exc: BaseException) -> bool:
+    """Whether an exception from the user's code is not the user's code's fault, and goes
+    up as it is: a ``FedHMCError`` (already one line), or an allocation failure (the run's
+    out-of-memory handling names the fix)."""
+    if isinstance(exc, (FedHMCError, MemoryError)):
+        return True
+    try:
+        from fedhmc_datasets.memory import is_out_of_memory
+    except ImportError:  # pragma: no cover - the datasets ship with fedhmc
+        oom = getattr(torch, "OutOfMemoryError", None)
+        return oom is not None and isinstance(exc, oom)
+    return is_out_of_memory(exc)
+
+
+def describe_exception(exc: BaseException) -> str:
+    """``Type: first line of the message (at file.py:line)``: an exception in one line, at
+    the innermost frame of its traceback that is neither torch's nor fedhmc's (the user's
+    own code), where there is one."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    if len(line) > 200:
+        line = line[:197] + "..."
+    out = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
+    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(_OUR_CODE)]
+    if mine:
+        out += f" (at {os.path.basename(mine[-1].filename)}:{mine[-1].lineno})"
+    return out
 
 
 def load_factory(spec: str) -> Callable[..., torch.nn.Module]:
@@ -215,11 +281,21 @@ class TorchModel:
         self.kwargs = dict(kwargs or {})
         self.num_classes = int(num_classes)
         self._factory = factory
-        module = self._build()
+        with torch.random.fork_rng(devices=[]):
+            torch.manual_seed(BUILD_SEED)
+            module = self._build()
         self.net = module.to(device=device, dtype=dtype).eval()
-        params = dict(self.net.named_parameters())
-        if not params:
+        named = dict(self.net.named_parameters())
+        if not named:
             raise ConfigError(f"--model {name}: the module has no parameters to sample")
+        params = {k: v for k, v in named.items() if v.requires_grad}
+        if not params:
+            raise ConfigError(
+                f"--model {name}: every parameter has requires_grad=False, so there is "
+                "nothing to sample; leave the parameters to sample requiring gradients"
+            )
+        self.frozen = {k: tuple(v.shape) for k, v in named.items() if not v.requires_grad}
+        """Name → shape of the parameters that keep their values (``requires_grad=False``)."""
         self.shapes = {k: tuple(v.shape) for k, v in params.items()}
         self._sizes = [math.prod(s) for s in self.shapes.values()]
         self._shape_list = list(self.shapes.values())
@@ -252,6 +328,15 @@ class TorchModel:
                     f"--model {self.name}: calling the factory with {self.kwargs or 'no'} "
                     f"arguments failed ({e}); check --model-arg"
                 ) from None
+            except Exception as e:
+                if _passes_through(e):
+                    raise
+                args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
+                args = f"with {args} " if args else ""
+                raise ModelError(
+                    f"--model {self.name}: the factory {args}raised {describe_exception(e)}; "
+                    "fix the factory or its --model-arg values"
+                ) from e
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(
                 f"--model {self.name}: the factory returned a {type(module).__name__}, not a "
@@ -264,6 +349,7 @@ class TorchModel:
         name = self.name
         x = example[: min(4, example.shape[0])]
         buffers = {k: b.clone() for k, b in self.net.named_buffers()}
+        frozen = {k: p.detach().clone() for k, p in self.frozen_parameters().items()}
         try:
             with torch.no_grad():
                 out1 = self.net(x)
@@ -287,22 +373,76 @@ class TorchModel:
                 f"--model {name}: the forward pass changes the buffer(s) {', '.join(changed)} "
                 "even in eval mode; fedhmc needs a function of θ alone (no running statistics)"
             )
+        now = self.frozen_parameters()
+        changed = [k for k, p in frozen.items() if not torch.equal(now[k], p)]
+        if changed:
+            raise ConfigError(
+                f"--model {name}: the forward pass changes the frozen parameter(s) "
+                f"{', '.join(changed)}; fedhmc needs a function of θ alone (keep constants "
+                "unchanged, or in buffers the forward pass does not write)"
+            )
         if not torch.allclose(out1, out2, rtol=0.0, atol=0.0, equal_nan=True):
             raise ConfigError(
                 f"--model {name}: two forward passes at the same θ give different outputs in "
                 "eval mode; fedhmc needs a deterministic module (no sampling in forward)"
             )
+        self._check_per_example(x, out1)
         y = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         sw = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
         theta = self.flatten(dict(self.net.named_parameters())).detach().unsqueeze(0)
         if self.batching == "vmap":
             try:
                 self.loss_grad(theta, x.unsqueeze(0), y.unsqueeze(0), sw.unsqueeze(0))
-            except Exception as e:
+            except ModelError as e:
+                cause = describe_exception(e.__cause__ or e)
                 raise ConfigError(
-                    f"--model {name}: torch.func.vmap cannot batch this module ({type(e).__name__}:"
-                    f" {str(e).splitlines()[0] if str(e) else ''}); add --model-batching loop"
+                    f"--model {name}: torch.func.vmap cannot batch this module ({cause}); "
+                    "add --model-batching loop"
                 ) from None
+
+    def _check_per_example(self, x: torch.Tensor, batched: torch.Tensor) -> None:
+        """Refuse a module whose output for an example depends on the other examples of its
+        batch: each example's output alone must equal its output within the batch
+        ``batched``, up to ``BATCH_RTOL`` of the largest output (float rounding)."""
+        if x.shape[0] < 2:
+            return
+        name = self.name
+        cause = (
+            "fedhmc needs each example's output from that example alone (batch norm without "
+            "running statistics, track_running_stats=False, normalises over the batch: "
+            "use LayerNorm or GroupNorm, or batch norm with running statistics)"
+        )
+        try:
+            with torch.no_grad():
+                alone = [self.net(x[i : i + 1]) for i in range(x.shape[0])]
+        except Exception as e:
+            raise ConfigError(
+                f"--model {name}: the module runs on a batch of {x.shape[0]} examples but fails "
+                f"on one alone ({describe_exception(e)}); {cause}"
+            ) from None
+        bad = [
+            tuple(a.shape)
+            for a in alone
+            if not isinstance(a, torch.Tensor) or a.shape != (1, self.num_classes)
+        ]
+        if bad:
+            raise ConfigError(
+                f"--model {name}: outputs of shape {bad[0]} for a batch of 1 but "
+                f"({x.shape[0]}, {self.num_classes}) for a batch of {x.shape[0]}; keep the "
+                "batch dimension for any batch size (no squeeze())"
+            )
+        alone_t = torch.cat(alone)
+        same = (alone_t == batched) | (alone_t.isnan() & batched.isnan())  # inf and NaN too
+        finite = batched[batched.isfinite()]
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        loose = self.device.type != "cpu" and batched.dtype != torch.float64
+        tol = (BATCH_RTOL_ACCELERATOR if loose else BATCH_RTOL) * max(scale, 1.0)
+        gap = float((alone_t - batched).abs()[~same].max()) if not bool(same.all()) else 0.0
+        if not gap <= tol:  # a NaN or infinite one alone, too
+            raise ConfigError(
+                f"--model {name}: an example's output alone differs from its output within a "
+                f"batch of {x.shape[0]} (by up to {gap:.3g}); {cause}"
+            )
 
     def __getstate__(self) -> dict:
         """For pickling and ``copy``: without the vmapped closures (rebuilt on use)."""
@@ -314,9 +454,12 @@ class TorchModel:
         call, found once. A parameter shared by several submodules (tied weights) is listed
         under each of its names, with the index of its first (``functional_call``'s
         ``tie_weights``)."""
-        index = {id(p): i for i, p in enumerate(self.net.parameters())}
+        sampled = (p for p in self.net.parameters() if p.requires_grad)
+        index = {id(p): i for i, p in enumerate(sampled)}
         slots = []
         for name, p in self.net.named_parameters(remove_duplicate=False):
+            if not p.requires_grad:  # frozen: stays in the module, with its own value
+                continue
             prefix, _, attr = name.rpartition(".")
             owner = self.net.get_submodule(prefix) if prefix else self.net
             slots.append((owner, attr, index[id(p)]))
@@ -377,8 +520,35 @@ class TorchModel:
         return dict(zip(self.shapes, self._parts(theta), strict=True))
 
     def parameter_layout(self) -> list[tuple[str, tuple[int, ...]]]:
-        """(name, shape) of every parameter, in θ's order (the ArviZ export names them)."""
+        """(name, shape) of every sampled parameter, in θ's order (the ArviZ export names
+        them)."""
         return list(self.shapes.items())
+
+    def frozen_parameters(self) -> dict[str, torch.Tensor]:
+        """Name → the module's own tensor of every frozen parameter (``requires_grad=False``,
+        not in θ), in ``named_parameters()`` order."""
+        return {k: p for k, p in self.net.named_parameters() if k in self.frozen}
+
+    def frozen_layout(self) -> list[tuple[str, tuple[int, ...], str]]:
+        """(name, shape, dtype) of every frozen parameter, in ``named_parameters()`` order:
+        what ``config.json`` and the ArviZ export record beside θ's layout."""
+        return [
+            (k, tuple(p.shape), str(p.dtype).removeprefix("torch."))
+            for k, p in self.frozen_parameters().items()
+        ]
+
+    def frozen_sha256(self) -> str | None:
+        """SHA-256 of the frozen parameters' values (names, dtypes, shapes and bytes, in
+        order), or None when every parameter is sampled: tells whether two runs, or two
+        machines of one run, kept the same frozen values."""
+        if not self.frozen:
+            return None
+        h = hashlib.sha256()
+        for k, p in self.frozen_parameters().items():
+            t = p.detach().cpu().contiguous()
+            h.update(f"{k}|{t.dtype}|{tuple(t.shape)}|".encode())
+            h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        return h.hexdigest()
 
     def module_init(self, seeds: list[int]) -> torch.Tensor:
         """θ (S, D): the module's own initialisation, one draw per seed.
@@ -464,30 +634,46 @@ class TorchModel:
         ``_log_softmax_backward_data``), with the same numbers (tested against
         autograd through the whole loss) and seven fewer nodes for the autograd engine.
         """
-        with torch.enable_grad():
-            th = theta.detach().requires_grad_(True)
-            logits = self._rows_logits(th, X)
-        with torch.no_grad():
-            logp = F.log_softmax(logits, dim=-1)
-            yy = y.unsqueeze(-1)
-            nll = -(logp.gather(-1, yy).squeeze(-1) * sw).sum(-1) if need_value else None
-            g_logp = torch.zeros_like(logp).scatter_add_(-1, yy, sw.neg().unsqueeze(-1))
-            g_logits = torch._log_softmax_backward_data(g_logp, logp, -1, logp.dtype)
-        (g,) = torch.autograd.grad(logits, th, g_logits)
+        try:
+            with torch.enable_grad():
+                th = theta.detach().requires_grad_(True)
+                logits = self._rows_logits(th, X)
+            with torch.no_grad():
+                logp = F.log_softmax(logits, dim=-1)
+                yy = y.unsqueeze(-1)
+                nll = -(logp.gather(-1, yy).squeeze(-1) * sw).sum(-1) if need_value else None
+                g_logp = torch.zeros_like(logp).scatter_add_(-1, yy, sw.neg().unsqueeze(-1))
+                g_logits = torch._log_softmax_backward_data(g_logp, logp, -1, logp.dtype)
+            (g,) = torch.autograd.grad(logits, th, g_logits)
+        except Exception as e:
+            if _passes_through(e):
+                raise
+            raise self._user_error(e, "forward or backward pass") from e
         return g, nll
+
+    def _user_error(self, exc: BaseException, where: str) -> ModelError:
+        return ModelError(
+            f"--model {self.name}: the module's {where} raised {describe_exception(exc)}; "
+            "fix the module"
+        )
 
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         """Class log-probabilities (S, n, C) of ``X`` (n, *features) under each θ (S, D)."""
         parts = self._parts(theta)
         rows = None if self.batching == "vmap" else self._rows(parts)
         outs = []
-        for start in range(0, X.shape[0], PREDICT_CHUNK):
-            x = X[start : start + PREDICT_CHUNK]
-            if rows is None:
-                out = self._vmap(parts, x, shared=True)
-            else:
-                out = torch.stack([self._forward(*r, x) for r in rows])
-            outs.append(F.log_softmax(out, dim=-1))
+        try:
+            for start in range(0, X.shape[0], PREDICT_CHUNK):
+                x = X[start : start + PREDICT_CHUNK]
+                if rows is None:
+                    out = self._vmap(parts, x, shared=True)
+                else:
+                    out = torch.stack([self._forward(*r, x) for r in rows])
+                outs.append(F.log_softmax(out, dim=-1))
+        except Exception as e:
+            if _passes_through(e):
+                raise
+            raise self._user_error(e, "forward pass (predicting the test set)") from e
         return torch.cat(outs, dim=1)
 
 

@@ -67,8 +67,10 @@ _GENERIC_DEFAULTS = {
 }
 
 
-RECORDED_ONLY = ("step_size_means",)
-"""What ``config.json`` records beside the settings (not settings: dropped on reading)."""
+RECORDED_ONLY = ("step_size_means", "model_frozen", "model_frozen_sha256")
+"""What ``config.json`` records beside the settings (not settings: dropped on reading): what
+``--step-size`` means, and a module's frozen parameters (name, shape, dtype) and the
+SHA-256 of their values."""
 
 _MODEL_SETTINGS = ("model", "model_arg", "model_batching", "hidden")
 _SPLIT_SETTINGS = ("dirichlet_alpha", "min_client_size", "classes_per_client", "quantity_sigma")

@@ -24,7 +24,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.algorithms import debiased, fahmc, stale
-from fedhmc.errors import ConfigError, NonFiniteError, RunInterrupted
+from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
 from fedhmc.runtime.config import (
     ASYNC_ALGORITHMS,
     STALE_ALGORITHMS,
@@ -384,7 +384,12 @@ def _run_locked(
     writer = RunWriter(cfg.out, columns, keep_rows=keep)
     from fedhmc.runtime.config import step_size_meaning
 
-    writer.write_config({**cfg.recorded(), "step_size_means": step_size_meaning(cfg.algorithm)})
+    record = {**cfg.recorded(), "step_size_means": step_size_meaning(cfg.algorithm)}
+    model = getattr(evaluator, "model", None)
+    if hasattr(model, "frozen_layout"):  # a module: the parameters it keeps fixed, not in θ
+        record["model_frozen"] = [[n, list(s), d] for n, s, d in model.frozen_layout()]
+        record["model_frozen_sha256"] = model.frozen_sha256()
+    writer.write_config(record)
     if resumed is not None:
         retire_export(cfg.out)
     tb = None
@@ -425,7 +430,10 @@ def _run_locked(
     def wall() -> float:
         return wall_before + time.perf_counter() - t0
 
+    saved_round = int(resumed["round"]) if resumed is not None else None
+
     def save_checkpoint(r: int) -> None:
+        nonlocal saved_round
         checkpoint.save(
             cfg.out,
             {
@@ -447,6 +455,7 @@ def _run_locked(
                 "backend": backend_state[0]() if backend_state is not None else {},
             },
         )
+        saved_round = r
         if r < cfg.rounds:  # how far the run got, should it be killed before its end
             writer.write_summary({"status": "running", "rounds_completed": r, "backend": backend})
 
@@ -455,10 +464,19 @@ def _run_locked(
     last_ckpt = time.monotonic()
     writer.write_summary({"status": "running", "rounds_completed": start - 1, "backend": backend})
     bar = _progress(cfg.rounds, progress, initial=start - 1)
+    r = None  # the round in flight
     try:
         with _Stop(announce=progress) as stop:
             for r in range(start, cfg.rounds + 1):
-                new_theta, stats = round_fn(theta_bar, r)
+                try:
+                    new_theta, stats = round_fn(theta_bar, r)
+                except FedHMCError as e:  # the user's module, or the clients, failed
+                    resumable = backend_state is not None and not isinstance(
+                        e, (NonFiniteError, RunInterrupted)
+                    )
+                    if resumable and r > start:  # nothing of round r was applied yet
+                        save_checkpoint(r - 1)
+                    raise
                 grad_evals += stats.grad_evals
                 if not (stats.finite and torch.isfinite(new_theta).all()):
                     status = "diverged"
@@ -531,6 +549,12 @@ def _run_locked(
         raise
     except RunInterrupted:
         raise
+    except FedHMCError as e:
+        status = "diverged" if status == "diverged" else "failed"
+        if backend_state is not None and not isinstance(e, NonFiniteError) and e.args:
+            where = "" if r is None or str(e).startswith("round ") else f"round {r}: "
+            e.args = (f"{where}{e.args[0]}; {_kept(cfg, saved_round)}", *e.args[1:])
+        raise
     except Exception:
         status = "diverged" if status == "diverged" else "failed"
         raise
@@ -589,6 +613,10 @@ def _run_locked(
                 result.summary["model_parameters"] = [
                     [name, list(shape)] for name, shape in model.parameter_layout()
                 ]
+            if hasattr(model, "frozen_layout"):  # its parameters that were not sampled
+                result.summary["model_frozen"] = [
+                    [name, list(shape), dtype] for name, shape, dtype in model.frozen_layout()
+                ]
             if hasattr(model, "batching"):
                 result.summary["model_batching"] = model.batching
         if summary_extra is not None:
@@ -599,6 +627,16 @@ def _run_locked(
         if tb is not None:
             tb.close()
     return result
+
+
+def _kept(cfg: RunConfig, saved_round: int | None) -> str:
+    """What a run that a failure stopped mid-way keeps, and how to go on once it is fixed."""
+    if saved_round is not None:
+        return (
+            f"the checkpoint of round {saved_round} is kept: once fixed, continue with "
+            f"fedhmc run --resume {cfg.out}"
+        )
+    return f"no round was checkpointed: once fixed, start again with --overwrite --out {cfg.out}"
 
 
 EXPORT = "posterior.nc"

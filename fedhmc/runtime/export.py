@@ -204,6 +204,8 @@ def to_inference_data(run_dir: str | Path):
         a = _attr(v)
         if a is not None:
             attrs[f"fedhmc_{k}"] = a
+    if config.get("model_frozen"):  # the module's parameters that kept their values
+        attrs["fedhmc_model_frozen"] = json.dumps(config["model_frozen"])
     return az.from_dict(
         posterior=posterior,
         sample_stats=stats or None,
