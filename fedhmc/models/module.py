@@ -74,6 +74,17 @@ flattens them at every call (about 50 µs, measured, as much as a small model's 
 gradient). Both run the same batching rules, so they give the same numbers bit for bit
 (tested); a torch without the primitives uses ``torch.func.vmap``."""
 
+SLOW_BUILD_SECONDS = 2.0
+"""A ``--model`` factory still running after this many seconds prints `building_note`."""
+
+
+def building_note(name: str) -> None:
+    """The one line a slow ``--model`` factory prints while it runs."""
+    import sys
+
+    print(f"fedhmc: building the model (--model {name}) …", file=sys.stderr, flush=True)
+
+
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
 per row (minibatch × values per example): ``python -m benchmarks --only models`` measured
@@ -321,6 +332,13 @@ class TorchModel:
 
             module = copy.deepcopy(f)
         else:
+            import threading
+
+            # A factory that takes a while (a download of weights, a pretrained body) says
+            # so in one line, rather than leaving the terminal silent.
+            timer = threading.Timer(SLOW_BUILD_SECONDS, building_note, (self.name,))
+            timer.daemon = True
+            timer.start()
             try:
                 module = f(**self.kwargs)
             except TypeError as e:
@@ -337,6 +355,8 @@ class TorchModel:
                     f"--model {self.name}: the factory {args}raised {describe_exception(e)}; "
                     "fix the factory or its --model-arg values"
                 ) from e
+            finally:
+                timer.cancel()
         if not isinstance(module, torch.nn.Module):
             raise ConfigError(
                 f"--model {self.name}: the factory returned a {type(module).__name__}, not a "

@@ -407,3 +407,30 @@ def test_the_refusal_text_is_what_the_docs_quote():
     page = (Path(__file__).parents[2] / "docs" / "own-model.md").read_text()
     assert "track_running_stats=False" in page and "requires_grad_(False)" in page
     assert "fixed affine map" in page
+
+
+def test_a_slow_factory_says_it_is_building_in_one_line(monkeypatch, capsys):
+    """The line comes while the factory runs (the factory here waits for it: no timing)."""
+    import threading
+
+    from fedhmc.models import module
+
+    said = threading.Event()
+    note = module.building_note
+
+    def noting(name):
+        note(name)
+        said.set()
+
+    def slow():
+        assert said.wait(10), "no line while the factory ran"
+        return torch.nn.Linear(4, 3)
+
+    monkeypatch.setattr(module, "SLOW_BUILD_SECONDS", 0.0)
+    monkeypatch.setattr(module, "building_note", noting)
+    module.TorchModel(slow, 3, torch.zeros(2, 4), name="slow:net")
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["fedhmc: building the model (--model slow:net) …"]
+    monkeypatch.setattr(module, "SLOW_BUILD_SECONDS", 3600.0)
+    module.TorchModel(lambda: torch.nn.Linear(4, 3), 3, torch.zeros(2, 4))  # quick: silent
+    assert capsys.readouterr().err == ""
