@@ -39,7 +39,8 @@ from fedhmc_clients.worker import WorkerError, call
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedhmc.errors import FedHMCError
+from fedhmc.errors import FedHMCError, ModelError
+from fedhmc.runtime.wire import MODEL_ERROR_CODE
 
 log = logging.getLogger("fedhmc.client")
 CLIENT_APP_RAISED_EXCEPTION = 2
@@ -61,7 +62,8 @@ def handle(kind: str, msg: Message, context: Context, run_config: dict | None = 
         out, metrics = _compute(kind, rc, nc, config, arrays)
     except FedHMCError as e:  # one line here and in the server's log
         log.error("partition %s: %s", nc.get("partition-id"), e)
-        return Message(Error(code=CLIENT_APP_RAISED_EXCEPTION, reason=str(e)), reply_to=msg)
+        code = MODEL_ERROR_CODE if isinstance(e, ModelError) else CLIENT_APP_RAISED_EXCEPTION
+        return Message(Error(code=code, reason=str(e)), reply_to=msg)
     content = {"metrics": MetricRecord(dict(metrics))}
     if out or kind != "query":
         content["arrays"] = ArrayRecord({k: Array(v) for k, v in out.items()})

@@ -24,7 +24,7 @@ from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.errors import FedHMCError
+from fedhmc.errors import FedHMCError, ModelError
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
@@ -155,6 +155,11 @@ def serve(
             de = m.get("energy-error")
             if isinstance(de, (int, float)):
                 energy_errors.append((pid, float(de)))
+        # The user's module failed (its error code): every round would fail alike.
+        model_failed = f"error {wire.MODEL_ERROR_CODE}: "
+        for why in failed.values():
+            if why.startswith(model_failed):
+                raise ModelError(f"round {r}: on a client, {why[len(model_failed) :]}")
         for nid, why in failed.items():
             log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
         if failed and cfg.on_failure == "stop":

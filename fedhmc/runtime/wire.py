@@ -64,6 +64,12 @@ def decode_sampler(message: dict) -> fahmc.Settings:
     return fahmc.Settings(**kw)
 
 
+MODEL_ERROR_CODE = 3701
+"""The error code of a client's reply when the user's own module failed
+(``fedhmc.errors.ModelError``): the same on every client and in every round, so the server
+stops the run at once with the client's one line instead of retrying rounds."""
+
+
 ARRAYS = {
     # array name: Broadcast field
     "theta": "position",
