@@ -16,7 +16,7 @@ import dataclasses
 
 import torch
 
-from fedhmc.algorithms import debiased, fahmc
+from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import client_seed, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
@@ -133,7 +133,8 @@ def local_update(
     message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     seeds = torch.tensor([seed], device=cfg.device)
-    if isinstance(settings, debiased.Settings):
+    algo = wire.algorithm_entry(config)
+    if algo.anchor:  # debiased FA-HMC
         # This process's local gradient at the anchor, if it computed it last round.
         base = (cfg, partition_id, seed, settings.anchor_batch_size)
         cached, anchor_local = _ANCHOR_GRADS.get(base), None
@@ -144,10 +145,12 @@ def local_update(
             and torch.equal(cached[1], message.anchor_position)
         ):
             anchor_local = cached[2]
-        update = debiased.client_update(message, target, settings, seeds, anchor_local=anchor_local)
+        update = algo.module.client_update(
+            message, target, settings, seeds, anchor_local=anchor_local
+        )
         _ANCHOR_GRADS[base] = (message.round, message.position, update.local_grad)
     else:
-        update = fahmc.client_update(message, target, settings, seeds)
+        update = algo.module.client_update(message, target, settings, seeds)
     return _reply(moved(update, "cpu"), 0, n_c)
 
 
@@ -166,8 +169,9 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     cfg = wire.apply_data(cfg, config)
     round_ = int(config["round"])
     settings = wire.decode_sampler(config)
-    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or type(settings) is not (
-        fahmc.Settings
+    if (
+        int(config["round-seed"]) != round_seed(cfg.seed, round_)
+        or not wire.algorithm_entry(config).batches_colocated
     ):
         return None
     num_total = int(config["num-examples-total"])

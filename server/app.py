@@ -15,7 +15,8 @@ from fedhmc_server.startup import begin
 from flwr.app import Context
 from flwr.serverapp import Grid, ServerApp
 
-from fedhmc.runtime.config import ASYNC_ALGORITHMS, RunConfig
+from fedhmc.algorithms import registry
+from fedhmc.runtime.config import RunConfig
 
 
 def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) -> ServerApp:
@@ -32,7 +33,7 @@ def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) ->
             started = begin(
                 grid, c.min_clients or c.num_clients, c.node_wait_timeout, c.round_timeout
             )
-            if run_cfg.algorithm in ASYNC_ALGORITHMS:
+            if registry.entry(c.algorithm).asynchronous:
                 from fedhmc_server.async_loop import serve_async as body
             else:
                 from fedhmc_server.loop import serve as body

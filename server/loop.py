@@ -71,6 +71,7 @@ def serve(
     # The heavy part, while the size query is in flight.
     import torch
 
+    from fedhmc.algorithms import registry
     from fedhmc.algorithms.fahmc import ClientUpdate, stack_updates
     from fedhmc.core import participation
     from fedhmc.core.aggregate import ReplyError, validate_reply
@@ -93,8 +94,8 @@ def serve(
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
     failed_rounds = 0
-    debiased = cfg.algorithm == "fahmc-debiased"
-    keys = ("theta", "grad") if debiased else ("theta",)
+    anchored = registry.entry(cfg.algorithm).anchor  # debiased FA-HMC: + ∇f at the anchor
+    keys = registry.entry(cfg.algorithm).reply  # what a client's reply carries
     if settings.leapfrog_sync:
         keys = (*keys, "momentum")
     theta0 = initial_position(model, dim, cfg, device=device)
@@ -168,7 +169,7 @@ def serve(
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
-        evals = settings.evals_in_round(r) + (1 if debiased else 0)
+        evals = settings.evals_in_round(r) + (1 if anchored else 0)
         stats = RoundStats(
             grad_evals=len(accepted) * evals * cfg.chains,
             finite=True,

@@ -15,6 +15,7 @@ import sys
 import threading
 import warnings
 
+from fedhmc.algorithms import registry
 from fedhmc.runtime.config import MODELS, RunConfig
 from fedhmc.runtime.engine import RunResult, prepare
 
@@ -98,10 +99,11 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
-    # The virtual clients share this machine: plain FA-HMC computes each round in one
-    # batch, in one Ray worker with every core and, under --device cuda, a GPU
-    # (fedhmc_clients.task.colocated_update; the resources: client_resources).
-    colocated = client_app is None and cfg.algorithm == "fahmc"
+    # The virtual clients share this machine: plain FA-HMC (and FA-LD, FA-HMC with K = 1)
+    # computes each round in one batch, in one Ray worker with every core and, under
+    # --device cuda, a GPU (fedhmc_clients.task.colocated_update; the resources:
+    # client_resources).
+    colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
     logging.getLogger("flwr").setLevel(logging.ERROR)
     from fedhmc_server.reaper import start_reaper

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import torch
 
+from fedhmc.algorithms import registry
 from fedhmc.experiments._common import ALGORITHM3, _write
 from fedhmc.experiments.blr import blr_reference
 from fedhmc.viz.plots import new_figure
@@ -63,9 +64,10 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     for noise in noises:
         for eta in etas:
             for algo in ("fahmc", "fald"):
-                K = max(1, math.floor(math.pi / (3 * eta))) if algo == "fahmc" else 1
+                fixed = registry.entry(algo).fixed_leapfrog_steps  # FA-LD: K = 1
+                K = max(1, math.floor(math.pi / (3 * eta))) if fixed is None else fixed
                 settings = {**base, "algorithm": algo, "step-size": eta, "grad-noise": noise}
-                if algo == "fahmc":
+                if fixed is None:
                     settings["leapfrog-steps"] = K
                 head = {"algorithm": algo, "grad_noise": noise, "step_size": eta}
                 head["leapfrog_steps"] = K

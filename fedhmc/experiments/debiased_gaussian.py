@@ -25,7 +25,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     per-chain time averages), next to the exact stationary bias from
     ``fedhmc.analysis.gaussian.fahmc_gaussian_stationary``.
     """
-    from fedhmc.algorithms import debiased, fahmc
+    from fedhmc.algorithms import debiased, registry
     from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
     from fedhmc.models.targets import hetero_gaussian
 
@@ -37,7 +37,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
     rows = []
     for T in track(Ts, "T values", "T"):
         for variant in ("fahmc", "fahmc-debiased"):
-            algorithm = debiased if variant == "fahmc-debiased" else fahmc
+            algorithm = registry.entry(variant).module
             settings = algorithm.Settings(eta, K, T, rho=1.0)
             exact_mean, exact_var, radius = fahmc_gaussian_stationary(
                 target.means,

@@ -28,6 +28,7 @@ from fedhmc.core import PARTICIPATION_SCHEMES as SCHEMES
 from fedhmc.experiments._common import _write, write_csv
 
 ALGORITHMS = (("fahmc", 10), ("fald", 1))
+ARMS = tuple(name for name, _ in ALGORITHMS)  # the tables' order
 
 BUDGETS = {
     # budget: (dataset, clients, S values, client-rounds, seeds)
@@ -263,7 +264,7 @@ def summarize(rows: list[dict]) -> list[dict]:
         groups.setdefault((r["algorithm"], r["S"], r["participation"]), []).append(r)
     out = []
     for (algorithm, S, scheme), rs in sorted(
-        groups.items(), key=lambda kv: (kv[0][0] != "fahmc", kv[0][1], SCHEMES.index(kv[0][2]))
+        groups.items(), key=lambda kv: (ARMS.index(kv[0][0]), kv[0][1], SCHEMES.index(kv[0][2]))
     ):
         row = {"algorithm": algorithm, "S": S, "participation": scheme, "rounds": rs[0]["rounds"]}
         ok = [r for r in rs if r["status"] == "completed"]

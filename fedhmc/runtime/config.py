@@ -19,13 +19,12 @@ import os
 import typing
 from dataclasses import dataclass, field, fields
 
+from fedhmc.algorithms import registry
 from fedhmc.core import PARTICIPATION_SCHEMES
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
 
-ALGORITHMS = ("fahmc", "fald", "fahmc-debiased", "sghmc", "sgld", "async-sghmc", "async-sgld")
-STALE_ALGORITHMS = ("sghmc", "sgld")
-ASYNC_ALGORITHMS = ("async-sghmc", "async-sgld")
+ALGORITHMS = registry.NAMES
 STALENESS_DISTS = ("fixed", "uniform")
 MODELS = ("logistic", "mlp", "cnn")
 """The built-in models; ``--model`` also takes PACKAGE.MODULE:FACTORY (any nn.Module)."""
@@ -117,7 +116,7 @@ def unused_settings(config: dict) -> list[str]:
     from fedhmc.runtime.presets import GAUSSIAN_TARGETS
 
     c = config
-    algorithm = c.get("algorithm")
+    algo = registry.find(c.get("algorithm"))
     unused: list[str] = []
     if c.get("dataset") in GAUSSIAN_TARGETS:  # an energy in closed form: no data, no model
         unused += [*_MODEL_SETTINGS, "partition", *_SPLIT_SETTINGS, "scaling", "ece_bins"]
@@ -127,13 +126,13 @@ def unused_settings(config: dict) -> list[str]:
         if c.get("model") in ("logistic", "mlp"):
             unused.append("model_batching")
         unused += [k for k in _SPLIT_SETTINGS if c.get("partition") != _SPLIT_USES[k]]
-    if algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+    if algo.euler:
         unused.append("rho")
-    if algorithm != "fahmc-debiased":
+    if not algo.anchor:
         unused.append("anchor_batch_size")
-    if algorithm not in STALE_ALGORITHMS:
+    if algo.federated:  # (not the stale-gradient samplers on the pooled data)
         unused += ["staleness", "staleness_dist"]
-    if algorithm not in ASYNC_ALGORITHMS:
+    if not algo.asynchronous:
         unused += ["max_staleness", "max_worker_failures"]
     if c.get("backend") == "engine":
         unused += list(_FLOWER_SETTINGS)
@@ -167,7 +166,7 @@ STEP_SIZE_MEANINGS = {
 def step_size_symbol(algorithm: str) -> str:
     """The symbol of ``--step-size`` under ``algorithm``: ``eta`` for the leapfrog samplers,
     ``h`` for the Euler ones."""
-    return "h" if algorithm in STALE_ALGORITHMS or algorithm in ASYNC_ALGORITHMS else "eta"
+    return "h" if registry.find(algorithm).euler else "eta"
 
 
 def step_size_meaning(algorithm: str) -> str:
@@ -268,7 +267,7 @@ class RunConfig:
     )
     # Sampler
     algorithm: str = _f(
-        "fahmc",
+        registry.DEFAULT,
         "`fahmc`; `fald` (FA-LD: K = 1); `fahmc-debiased` (SCAFFOLD-style control "
         "variate); `sghmc` or `sgld` (stale-gradient SG-MCMC on the pooled data); "
         "`async-sghmc` or `async-sgld` (asynchronous distributed SG-MCMC on Flower: `--chains` "
@@ -498,12 +497,13 @@ class RunConfig:
         parts.append(self.algorithm)
         chains = self.chains or 1
         n = self.num_clients
-        if self.algorithm in ASYNC_ALGORITHMS:
+        algo = registry.find(self.algorithm)
+        if algo.asynchronous:
             parts.append(f"{chains} server{'s' if chains != 1 else ''}")
             parts.append(f"{n} worker{'s' if n != 1 else ''}")
         else:
             parts.append(f"{chains} chain{'s' if chains != 1 else ''}")
-            if self.algorithm in STALE_ALGORITHMS:
+            if not algo.federated:
                 parts.append("the pooled data" if n == 1 else f"{n} clients' data pooled")
             elif self.clients_per_round is not None:
                 scheme = self.participation or "normalized"
@@ -514,7 +514,7 @@ class RunConfig:
                 parts.append(f"all {n} clients every round")
         symbol = {"eta": "η"}.get(step_size_symbol(self.algorithm), "h")
         steps = f"{symbol}={self.step_size:g}"
-        if self.algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+        if algo.euler:
             tail = f"{self.local_steps} steps a round {steps}"
         else:
             tail = f"K={self.leapfrog_steps} T={self.local_steps} {steps} ρ={self.rho:g}"
@@ -564,7 +564,8 @@ class RunConfig:
                 f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
             )
         protocol = self.protocol or "algorithm3"
-        if protocol == "authors" and self.algorithm not in ("fahmc", "fald"):
+        algo = registry.find(self.algorithm)
+        if protocol not in algo.protocols:
             raise ConfigError(
                 f"--protocol authors is a way to run FA-HMC; use --algorithm fahmc or fald, "
                 f"not {self.algorithm}"
@@ -581,29 +582,28 @@ class RunConfig:
             **{k: v for k, v in unset.items() if getattr(self, k) is None},
         )
         k = self.leapfrog_steps
-        if self.algorithm == "fald":
-            if k not in (None, 1):
+        if algo.fixed_leapfrog_steps is not None:
+            if k not in (None, algo.fixed_leapfrog_steps):
                 raise ConfigError(
                     f"--algorithm fald means K = 1, but --leapfrog-steps is {k}; "
                     "drop --leapfrog-steps or use --algorithm fahmc"
                 )
-            k = 1
+            k = algo.fixed_leapfrog_steps
         eta = self.step_size
         friction = self.friction
         chains = self.chains
-        if self.algorithm in (*STALE_ALGORITHMS, *ASYNC_ALGORITHMS):
+        if algo.euler:
             if k not in (None, 1):
                 raise ConfigError(
                     f"--algorithm {self.algorithm} has no leapfrog steps, but "
                     f"--leapfrog-steps is {k}; drop it (--local-steps sets the steps per round)"
                 )
             k = 1
-            method = self.algorithm.removeprefix("async-")
             if eta is None:  # SGLD's h matches FA-LD's learning rate η²/2
-                eta = d["step_size"] if method == "sghmc" else d["step_size"] ** 2 / 2
+                eta = d["step_size"] if algo.momentum else d["step_size"] ** 2 / 2
             if friction is None:
-                friction = 0.1 / eta if method == "sghmc" else 0.0
-            if self.algorithm in ASYNC_ALGORITHMS:
+                friction = 0.1 / eta if algo.momentum else 0.0
+            if algo.asynchronous:
                 if self.staleness:
                     raise ConfigError(
                         f"--staleness is synthetic staleness for sghmc/sgld; {self.algorithm} "
@@ -733,9 +733,10 @@ class RunConfig:
             if not ok:
                 raise ConfigError(msg)
 
+        algo = registry.find(self.algorithm)
         if self.sync_unit == "leapfrog" or self.fresh_gradients or self.restart_trajectories:
             need(
-                self.algorithm in ("fahmc", "fald"),
+                algo.trajectory_options,
                 f"--sync-unit leapfrog, --fresh-gradients and --restart-trajectories apply to "
                 f"--algorithm fahmc or fald, not {self.algorithm}",
             )
@@ -745,15 +746,10 @@ class RunConfig:
         )
         S = self.clients_per_round
         if S is not None or self.participation is not None:
-            why = {
-                "fahmc-debiased": " (debiased FA-HMC needs every client's gradient at its anchor)",
-                "sghmc": " (it samples the pooled data: there are no clients to draw)",
-                "sgld": " (it samples the pooled data: there are no clients to draw)",
-            }.get(self.algorithm, " (its workers answer when they can, not when drawn)")
             need(
-                self.algorithm in ("fahmc", "fald"),
+                algo.partial_participation,
                 "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
-                f"not {self.algorithm}{why}",
+                f"not {self.algorithm}{algo.no_partial_reason}",
             )
         need(
             self.participation is None or S is not None,
@@ -800,7 +796,7 @@ class RunConfig:
         need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
         need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
         need(
-            not (self.backend == "flower" and self.algorithm in STALE_ALGORITHMS),
+            not (self.backend == "flower" and "flower" not in algo.backends),
             f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
         )
         need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
@@ -809,11 +805,7 @@ class RunConfig:
             f"--max-worker-failures must be ≥ 1, got {self.max_worker_failures}",
         )
         need(
-            not (
-                self.algorithm in ASYNC_ALGORITHMS
-                and self.chains is not None
-                and self.chains > self.num_clients
-            ),
+            not (algo.asynchronous and self.chains is not None and self.chains > self.num_clients),
             f"--algorithm {self.algorithm} gives each of the --chains {self.chains} servers "
             f"its own workers, but --num-clients is {self.num_clients}; "
             "use --num-clients ≥ --chains",

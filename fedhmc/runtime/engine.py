@@ -23,14 +23,9 @@ from pathlib import Path
 
 import torch
 
-from fedhmc.algorithms import debiased, fahmc, stale
+from fedhmc.algorithms import fahmc, registry
 from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
-from fedhmc.runtime.config import (
-    ASYNC_ALGORITHMS,
-    STALE_ALGORITHMS,
-    RunConfig,
-    recorded_settings,
-)
+from fedhmc.runtime.config import RunConfig, recorded_settings
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
 from fedhmc.runtime.threads import apply_threads, round_work
@@ -41,39 +36,14 @@ ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 def sampler_settings(cfg: RunConfig) -> fahmc.Settings:
     """FA-HMC's settings from a resolved config (debiased FA-HMC's, with its anchor batch
     size, for ``--algorithm fahmc-debiased``)."""
-    cls = debiased.Settings if cfg.algorithm == "fahmc-debiased" else fahmc.Settings
-    extra = {"anchor_batch_size": int(cfg.anchor_batch_size)} if cls is debiased.Settings else {}
-    return cls(
-        **extra,
-        step_size=float(cfg.step_size),
-        leapfrog_steps=int(cfg.leapfrog_steps),
-        local_steps=int(cfg.local_steps),
-        rho=float(cfg.rho),
-        grad_noise=float(cfg.grad_noise),
-        temperature=float(cfg.temperature or 1.0),
-        sync_unit=cfg.sync_unit or "iteration",
-        fresh_gradients=bool(cfg.fresh_gradients),
-        restart=bool(cfg.restart_trajectories),
-        clients_per_round=cfg.clients_per_round,
-        participation=cfg.participation or "normalized",
-    )
+    algo = registry.find(cfg.algorithm)
+    return algo.settings(cfg) if algo.leapfrog else registry.fahmc_settings(cfg)
 
 
 def algorithm_of(cfg: RunConfig):
     """(module, settings) of the in-process algorithm that ``cfg`` runs: every module has
     ``init(position, settings)`` and ``step(key, state, target, settings)``."""
-    if cfg.algorithm in STALE_ALGORITHMS:
-        return stale, stale.Settings(
-            method=cfg.algorithm,
-            step_size=float(cfg.step_size),
-            friction=float(cfg.friction),
-            staleness=int(cfg.staleness),
-            staleness_dist=cfg.staleness_dist,
-            temperature=float(cfg.temperature),
-            grad_noise=float(cfg.grad_noise),
-            steps=int(cfg.local_steps),
-        )
-    return (debiased if cfg.algorithm == "fahmc-debiased" else fahmc), sampler_settings(cfg)
+    return registry.algorithm_of(cfg)
 
 
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:
@@ -82,14 +52,14 @@ def is_collect_round(cfg: RunConfig, round_: int) -> bool:
     trajectory (leapfrog count a multiple of lcm(T, K); of T·K with restarts)."""
     if not (round_ > cfg.burn_in and (round_ - cfg.burn_in) % cfg.thin == 0):
         return False
-    if cfg.sync_unit == "leapfrog" and cfg.algorithm in ("fahmc", "fald"):
+    if cfg.sync_unit == "leapfrog" and registry.find(cfg.algorithm).trajectory_options:
         return sampler_settings(cfg).ends_trajectory(round_)
     return True
 
 
 def protocol_record(cfg: RunConfig) -> dict:
     """What ``summary.json`` and results tables say about the protocol that produced them."""
-    if cfg.algorithm not in ("fahmc", "fald", "fahmc-debiased"):
+    if not registry.find(cfg.algorithm).leapfrog:
         return {"name": cfg.algorithm}
     settings = sampler_settings(cfg)
     rec = {
@@ -755,7 +725,7 @@ def run(
             f"--on-failure {cfg.on_failure} applies to --backend flower (the engine's clients "
             "cannot fail); drop --on-failure or add --backend flower"
         )
-    if cfg.algorithm in ASYNC_ALGORITHMS:
+    if "engine" not in registry.entry(cfg.algorithm).backends:
         raise ConfigError(
             f"--algorithm {cfg.algorithm} is a message exchange between a server and Flower "
             "workers; add --backend flower (or use --algorithm sghmc/sgld in process)"

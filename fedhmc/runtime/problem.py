@@ -13,6 +13,7 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhmc.algorithms import registry
 from fedhmc.analysis.metrics import (
     BMAPredictive,
     gaussian_w2_diag,
@@ -25,7 +26,7 @@ from fedhmc.errors import ConfigError
 from fedhmc.models import nets
 from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
 from fedhmc.models.targets import DataTarget, GaussianTarget, hetero_gaussian
-from fedhmc.runtime.config import STALE_ALGORITHMS, RunConfig
+from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.presets import GAUSSIAN_TARGETS
 
 PREDICTIVE_COLUMNS = ("accuracy", "brier", "ece", "nll_mean", "nll_sum")
@@ -210,7 +211,7 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
     if cfg.dataset in GAUSSIAN_TARGETS:
         evaluator, _, _, desc = build_evaluator(cfg, device)
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
-        if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy f
+        if not registry.find(cfg.algorithm).federated:  # one sampler on the pooled energy f
             post = target.posterior()
             target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
         elif cfg.cuda_graphs:
@@ -369,14 +370,13 @@ def bytes_per_round(
     Under ``--sync-unit leapfrog`` every client returns its momentum, and gets the averaged
     momentum when the round continues a trajectory and the origin X₀ under restarts.
     """
-    from fedhmc.runtime.config import STALE_ALGORITHMS
-
-    if cfg.algorithm in STALE_ALGORITHMS:  # one process, no messages
+    algo = registry.find(cfg.algorithm)
+    if not algo.federated:  # one process, no messages
         return 0, 0
     itemsize = 8 if cfg.dtype == "float64" else 4
     clients = cfg.num_clients if clients is None else clients  # the round's, if drawn
     per_array = clients * cfg.chains * dim * itemsize
-    if cfg.algorithm == "fahmc-debiased":
+    if algo.anchor:
         return (3 if round_ > 1 else 1) * per_array, 2 * per_array
     if cfg.sync_unit == "leapfrog":
         mid = ((round_ - 1) * cfg.local_steps) % cfg.leapfrog_steps != 0
@@ -451,7 +451,7 @@ def check_run_memory(cfg: RunConfig, data, dim: int, device) -> None:
 
     from fedhmc_datasets.memory import require
 
-    if cfg.algorithm in STALE_ALGORITHMS:  # one sampler on the pooled energy
+    if not registry.find(cfg.algorithm).federated:  # one sampler on the pooled energy
         clients = 1
     else:
         clients = min(cfg.clients_per_round or cfg.num_clients, cfg.num_clients)

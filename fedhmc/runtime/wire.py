@@ -8,20 +8,22 @@ holds); the Flower layer wraps them. Keys are kebab-case, as in Flower's run con
 
 from __future__ import annotations
 
-from fedhmc.algorithms import debiased, fahmc
+from types import SimpleNamespace
+
+from fedhmc.algorithms import fahmc, registry
 from fedhmc.runtime.config import RunConfig
 
 SAMPLER = {
-    # wire key: (fahmc.Settings field, RunConfig field, type)
-    "local-steps": ("local_steps", "local_steps", int),
-    "leapfrog-steps": ("leapfrog_steps", "leapfrog_steps", int),
-    "step-size": ("step_size", "step_size", float),
-    "rho": ("rho", "rho", float),
-    "grad-noise": ("grad_noise", "grad_noise", float),
-    "temperature": ("temperature", "temperature", float),
-    "sync-unit": ("sync_unit", "sync_unit", str),
-    "fresh-gradients": ("fresh_gradients", "fresh_gradients", bool),
-    "restart-trajectories": ("restart", "restart_trajectories", bool),
+    # wire key: (RunConfig field, type); the algorithm's registry entry builds its Settings
+    "local-steps": ("local_steps", int),
+    "leapfrog-steps": ("leapfrog_steps", int),
+    "step-size": ("step_size", float),
+    "rho": ("rho", float),
+    "grad-noise": ("grad_noise", float),
+    "temperature": ("temperature", float),
+    "sync-unit": ("sync_unit", str),
+    "fresh-gradients": ("fresh_gradients", bool),
+    "restart-trajectories": ("restart_trajectories", bool),
 }
 """The sampler settings of a round."""
 
@@ -50,18 +52,27 @@ def encode_round(
     }
     if cfg.data_sha256:  # the server's data: a client whose own copy differs refuses the round
         out["data-sha256"] = str(cfg.data_sha256)  # (Flower cannot count an empty string)
-    out.update({k: t(getattr(cfg, f)) for k, (_, f, t) in SAMPLER.items()})
+    out.update({k: t(getattr(cfg, f)) for k, (f, t) in SAMPLER.items()})
     out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
     return out
 
 
+def algorithm_entry(message: dict) -> registry.Entry:
+    """The registry entry of the algorithm a round's settings name (FA-HMC's when they name
+    none)."""
+    return registry.entry(message.get("algorithm") or registry.DEFAULT)
+
+
 def decode_sampler(message: dict) -> fahmc.Settings:
-    """The settings a round's settings describe: debiased FA-HMC's (with the anchor batch
-    size) for ``algorithm = fahmc-debiased``, else FA-HMC's."""
-    kw = {field: t(message[k]) for k, (field, _, t) in SAMPLER.items()}
-    if message.get("algorithm") == "fahmc-debiased":
-        return debiased.Settings(**kw, anchor_batch_size=int(message["anchor-batch-size"]))
-    return fahmc.Settings(**kw)
+    """The settings a round's settings describe, built by the algorithm's own registry
+    entry from the round's settings (debiased FA-HMC's with the anchor batch size)."""
+    fields = {f: t(message[k]) for k, (f, t) in SAMPLER.items()}
+    algo = algorithm_entry(message)
+    if algo.anchor:
+        fields["anchor_batch_size"] = int(message["anchor-batch-size"])
+    # Partial participation is the server's: a client's Settings draw no clients.
+    view = SimpleNamespace(**fields, clients_per_round=None, participation=None)
+    return algo.settings(view)
 
 
 MODEL_ERROR_CODE = 3701

@@ -479,14 +479,34 @@ def test_pyproject_run_config_is_the_run_config():
 
 
 @pytest.mark.slow
-def test_simulation_engine_equals_the_engine(tmp_path):
-    from fedhmc_server.simulation import run_flower
+@pytest.mark.parametrize("algorithm", ["fahmc", "fald"])
+def test_simulation_engine_equals_the_engine(tmp_path, monkeypatch, algorithm):
+    # fald is FA-HMC with K = 1: its co-located clients batch a round as fahmc's do.
+    import fedhmc_server.simulation as simulation
 
-    cfg = small_cfg(tmp_path, "sim", rho=0.5)
+    batched = []
+    simulate = simulation._simulate
+
+    def spy(run_simulation, server, client, cfg, colocated=True):
+        batched.append(colocated)
+        return simulate(run_simulation, server, client, cfg, colocated)
+
+    monkeypatch.setattr(simulation, "_simulate", spy)
+    k = {"leapfrog_steps": None} if algorithm == "fald" else {}
+    cfg = small_cfg(tmp_path, "sim", rho=0.5, algorithm=algorithm, **k)
     engine = run(cfg.replace(out=str(tmp_path / "eng")), progress=False)
-    flower = run_flower(cfg, progress=False)
+    flower = simulation.run_flower(cfg, progress=False)
     assert_same_run(engine, flower)
     assert flower.summary["backend"] == "flower"
+    assert batched == [True]
+
+
+def test_fald_colocated_clients_equal_the_engine(tmp_path):
+    cfg = small_cfg(tmp_path, "e", algorithm="fald", leapfrog_steps=None, rho=0.5)
+    engine = run(cfg, progress=False)
+    flower, _ = run_grid(cfg.replace(out=str(tmp_path / "f")), colocated=True)
+    assert_same_run(engine, flower)
+    assert engine.config.leapfrog_steps == 1
 
 
 @pytest.mark.parametrize(

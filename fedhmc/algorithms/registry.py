@@ -1,0 +1,223 @@
+"""The algorithms a run can name, listed once: the only place that maps ``--algorithm NAME``
+to its module, to how its Settings are built from a run config, and to what it supports.
+
+Everything else (the config's choices and checks, the engine, the wire format, the Flower
+server and clients) reads an [`Entry`][fedhmc.algorithms.registry.Entry]'s facts instead of
+comparing names. ``fald`` is FA-HMC with K = 1: the same module, the same Settings and the
+same facts as ``fahmc`` but for its fixed leapfrog steps.
+
+Pure PyTorch: no Flower import.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from types import ModuleType
+
+from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, stale
+
+ENGINE, FLOWER = "engine", "flower"
+ALGORITHM3, AUTHORS = "algorithm3", "authors"
+
+WORKERS_ANSWER = " (its workers answer when they can, not when drawn)"
+POOLED = " (it samples the pooled data: there are no clients to draw)"
+
+
+def fahmc_fields(cfg) -> dict:
+    """FA-HMC's Settings fields from a resolved run config (or anything with its fields)."""
+    return dict(
+        step_size=float(cfg.step_size),
+        leapfrog_steps=int(cfg.leapfrog_steps),
+        local_steps=int(cfg.local_steps),
+        rho=float(cfg.rho),
+        grad_noise=float(cfg.grad_noise),
+        temperature=float(cfg.temperature or 1.0),
+        sync_unit=cfg.sync_unit or "iteration",
+        fresh_gradients=bool(cfg.fresh_gradients),
+        restart=bool(cfg.restart_trajectories),
+        clients_per_round=cfg.clients_per_round,
+        participation=cfg.participation or "normalized",
+    )
+
+
+def fahmc_settings(cfg) -> fahmc.Settings:
+    """FA-HMC's settings (``fahmc`` and ``fald``)."""
+    return fahmc.Settings(**fahmc_fields(cfg))
+
+
+def debiased_settings(cfg) -> debiased.Settings:
+    """Debiased FA-HMC's settings: FA-HMC's and the anchor batch size."""
+    return debiased.Settings(anchor_batch_size=int(cfg.anchor_batch_size), **fahmc_fields(cfg))
+
+
+def _stale_settings(method: str) -> Callable:
+    def build(cfg) -> stale.Settings:
+        """The stale-gradient sampler's settings (one process, the pooled energy)."""
+        return stale.Settings(
+            method=method,
+            step_size=float(cfg.step_size),
+            friction=float(cfg.friction),
+            staleness=int(cfg.staleness),
+            staleness_dist=cfg.staleness_dist,
+            temperature=float(cfg.temperature),
+            grad_noise=float(cfg.grad_noise),
+            steps=int(cfg.local_steps),
+        )
+
+    return build
+
+
+@dataclass(frozen=True)
+class Entry:
+    """One algorithm: its module and what it supports.
+
+    Attributes
+    ----------
+    name
+        ``--algorithm NAME``.
+    module
+        The module with ``init(position, settings)`` and ``step(key, state, target,
+        settings)`` (the asynchronous samplers: their chain's state machine).
+    settings
+        Its Settings from a resolved run config: ``settings(cfg)``.
+    federated
+        Clients of their own data exchange messages (False: one sampler on the pooled data).
+    asynchronous
+        Workers answer a server when they can, not in rounds.
+    leapfrog
+        An FA-HMC sampler: K leapfrog steps of size η, and ρ (False: an Euler step h).
+    euler
+        An Euler-step sampler (SGHMC / SGLD): h, no leapfrog steps, no ρ.
+    momentum
+        Its Euler update keeps a momentum with friction (SGHMC; False: SGLD).
+    fixed_leapfrog_steps
+        K fixed by the name (``fald``: 1), or None.
+    partial_participation
+        ``--clients-per-round`` and ``--participation`` apply.
+    no_partial_reason
+        Why they do not, in the refusal's words.
+    trajectory_options
+        ``--sync-unit leapfrog``, ``--fresh-gradients`` and ``--restart-trajectories`` apply.
+    protocols
+        The ``--protocol`` values it runs under.
+    backends
+        The ``--backend`` values it runs on.
+    anchor
+        Debiased FA-HMC's anchor: ``--anchor-batch-size`` applies, the server sends θ_a and
+        ∇f(θ_a), and each client's reply carries its local gradient.
+    reply
+        The arrays a client's (a worker's) reply carries.
+    batches_colocated
+        A Flower simulation's co-located clients compute a round in one batch
+        (``clients/task.colocated_update``), as the engine does.
+    """
+
+    name: str
+    module: ModuleType | None
+    settings: Callable | None
+    federated: bool = True
+    asynchronous: bool = False
+    leapfrog: bool = False
+    euler: bool = False
+    momentum: bool = False
+    fixed_leapfrog_steps: int | None = None
+    partial_participation: bool = False
+    no_partial_reason: str = WORKERS_ANSWER
+    trajectory_options: bool = False
+    protocols: tuple[str, ...] = (ALGORITHM3,)
+    backends: tuple[str, ...] = (ENGINE, FLOWER)
+    anchor: bool = False
+    reply: tuple[str, ...] = ()
+    batches_colocated: bool = False
+
+
+_FAHMC = dict(
+    module=fahmc,
+    settings=fahmc_settings,
+    leapfrog=True,
+    partial_participation=True,
+    no_partial_reason="",
+    trajectory_options=True,
+    protocols=(ALGORITHM3, AUTHORS),
+    reply=("theta",),
+    batches_colocated=True,
+)
+
+ENTRIES: tuple[Entry, ...] = (
+    Entry("fahmc", **_FAHMC),
+    Entry("fald", **_FAHMC, fixed_leapfrog_steps=1),  # FA-HMC with K = 1, in every respect
+    Entry(
+        "fahmc-debiased",
+        module=debiased,
+        settings=debiased_settings,
+        leapfrog=True,
+        no_partial_reason=" (debiased FA-HMC needs every client's gradient at its anchor)",
+        anchor=True,
+        reply=("theta", "grad"),
+    ),
+    Entry(
+        "sghmc",
+        module=stale,
+        settings=_stale_settings("sghmc"),
+        federated=False,
+        euler=True,
+        momentum=True,
+        no_partial_reason=POOLED,
+        backends=(ENGINE,),
+    ),
+    Entry(
+        "sgld",
+        module=stale,
+        settings=_stale_settings("sgld"),
+        federated=False,
+        euler=True,
+        no_partial_reason=POOLED,
+        backends=(ENGINE,),
+    ),
+    Entry(
+        "async-sghmc",
+        module=async_sgmcmc,
+        settings=async_sgmcmc.Settings.from_config,
+        asynchronous=True,
+        euler=True,
+        momentum=True,
+        backends=(FLOWER,),
+        reply=("grad",),
+    ),
+    Entry(
+        "async-sgld",
+        module=async_sgmcmc,
+        settings=async_sgmcmc.Settings.from_config,
+        asynchronous=True,
+        euler=True,
+        backends=(FLOWER,),
+        reply=("grad",),
+    ),
+)
+
+BY_NAME: dict[str, Entry] = {e.name: e for e in ENTRIES}
+NAMES: tuple[str, ...] = tuple(BY_NAME)
+"""``--algorithm``'s choices, in the order the help lists them."""
+DEFAULT = NAMES[0]
+
+UNKNOWN = Entry("", module=None, settings=None)
+"""The facts of a name not listed: the config's choices check refuses it, and no check
+before that one speaks for it (every fact off, both backends)."""
+
+
+def entry(name: str) -> Entry:
+    """The entry of ``name``; ``KeyError`` for a name not listed."""
+    return BY_NAME[name]
+
+
+def find(name) -> Entry:
+    """The entry of ``name``, or [`UNKNOWN`][fedhmc.algorithms.registry.UNKNOWN] for any
+    other value (a config not yet validated)."""
+    return BY_NAME.get(name, UNKNOWN) if isinstance(name, str) else UNKNOWN
+
+
+def algorithm_of(cfg):
+    """(module, settings) of the algorithm that ``cfg`` (resolved) runs."""
+    e = entry(cfg.algorithm)
+    return e.module, e.settings(cfg)

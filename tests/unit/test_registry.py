@@ -1,0 +1,169 @@
+"""The registry of algorithms: the only code that knows an algorithm by its name, and facts
+that agree with what the config, the engine and the wire format do."""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+from pathlib import Path
+
+import pytest
+
+from fedhmc.algorithms import fahmc, registry
+from fedhmc.errors import ConfigError
+from fedhmc.runtime import wire
+from fedhmc.runtime.config import ALGORITHMS, RunConfig, step_size_symbol, unused_settings
+from fedhmc.runtime.problem import bytes_per_round
+
+ROOT = Path(__file__).resolve().parents[2]
+SOURCES = ("fedhmc", "server", "clients")
+REGISTRY = Path("fedhmc/algorithms/registry.py")
+
+# Comparisons against a string that happens to be an algorithm's name, and why they stay.
+ALLOWED = {
+    # The stale-gradient and asynchronous samplers' own update rule, ``method`` ("sghmc" or
+    # "sgld"): a setting of the module, chosen for it by its registry entry, not a dispatch
+    # on ``--algorithm``.
+    ("fedhmc/algorithms/stale.py", 'self.method == "sghmc"'),
+    ("fedhmc/algorithms/stale.py", 'method == "sghmc"'),
+}
+
+
+def _names_in(node: ast.AST) -> set[str]:
+    """The algorithm names a comparison operand is, or holds (a tuple, set or list)."""
+    if isinstance(node, ast.Constant) and isinstance(node.value, str):
+        return {node.value} & set(registry.NAMES)
+    if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+        return set().union(*(_names_in(e) for e in node.elts)) if node.elts else set()
+    if isinstance(node, ast.Starred):
+        return _names_in(node.value)
+    return set()
+
+
+def _name_comparisons(path: Path, root: Path = ROOT) -> list[tuple[str, int, str]]:
+    """(file, line, code) of each comparison against an algorithm's name in ``path``."""
+    source = path.read_text()
+    tree = ast.parse(source, filename=str(path))
+    rel = path.relative_to(root).as_posix()
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Compare):
+            ops_ok = all(
+                isinstance(op, (ast.Eq, ast.NotEq, ast.In, ast.NotIn, ast.Is, ast.IsNot))
+                for op in node.ops
+            )
+            if ops_ok and any(_names_in(x) for x in (node.left, *node.comparators)):
+                found.append((rel, node.lineno, ast.get_source_segment(source, node)))
+        elif isinstance(node, ast.match_case):
+            for sub in ast.walk(node.pattern):
+                if isinstance(sub, ast.MatchValue) and _names_in(sub.value):
+                    found.append((rel, sub.lineno, ast.get_source_segment(source, sub)))
+    return found
+
+
+def test_only_the_registry_compares_algorithm_names():
+    found = [
+        hit
+        for top in SOURCES
+        for path in sorted((ROOT / top).rglob("*.py"))
+        if path.relative_to(ROOT) != REGISTRY
+        for hit in _name_comparisons(path)
+    ]
+    unexplained = [(p, line, code) for p, line, code in found if (p, code) not in ALLOWED]
+    assert not unexplained, "compare an algorithm's name outside the registry:\n" + "\n".join(
+        f"{p}:{line}: {code}" for p, line, code in unexplained
+    )
+    stale = ALLOWED - {(p, code) for p, _, code in found}
+    assert not stale, f"exceptions that no longer occur (drop them): {sorted(stale)}"
+
+
+def test_the_scan_sees_a_comparison(tmp_path):
+    bad = tmp_path / "bad.py"
+    bad.write_text(
+        'if cfg.algorithm in ("fahmc", "fald"):\n    pass\n'
+        'match cfg.algorithm:\n    case "sgld":\n        pass\n'
+        'ok = cfg.algorithm == "fahmc-debiased"\n'
+    )
+    assert len(_name_comparisons(bad, tmp_path)) == 3
+
+
+def test_the_choices_are_the_registry():
+    assert ALGORITHMS == registry.NAMES
+    assert len(set(registry.NAMES)) == len(registry.ENTRIES)
+    assert registry.DEFAULT == RunConfig().algorithm
+
+
+def _cfg(name: str, **kw) -> RunConfig:
+    return RunConfig(dataset="gaussian-hetero", algorithm=name, rounds=2, **kw)
+
+
+def _refused(name: str, **kw) -> str | None:
+    try:
+        _cfg(name, **kw).resolve()
+    except ConfigError as e:
+        return str(e)
+    return None
+
+
+@pytest.mark.parametrize("name", registry.NAMES)
+def test_each_entrys_facts_agree_with_behaviour(name):
+    e = registry.entry(name)
+    cfg = _cfg(name).resolve()
+    # Its settings are its module's.
+    settings = e.settings(cfg)
+    assert isinstance(settings, e.module.Settings)
+    # Partial participation.
+    why = _refused(name, clients_per_round=1)
+    assert (why is None) == e.partial_participation, why
+    if why is not None:
+        assert why.endswith(e.no_partial_reason)
+    # Protocols.
+    for protocol in ("algorithm3", "authors"):
+        assert (_refused(name, protocol=protocol) is None) == (protocol in e.protocols)
+    # The trajectory options.
+    assert (_refused(name, sync_unit="leapfrog") is None) == e.trajectory_options
+    # Backends: the config refuses Flower, the engine refuses to run, where not supported.
+    assert (_refused(name, backend="flower") is None) == ("flower" in e.backends)
+    if "engine" not in e.backends:
+        from fedhmc.runtime.engine import run
+
+        with pytest.raises(ConfigError, match="add --backend flower"):
+            run(cfg)
+    # Leapfrog steps: fixed by the name, none for the Euler samplers, free otherwise.
+    if e.fixed_leapfrog_steps is not None:
+        assert cfg.leapfrog_steps == e.fixed_leapfrog_steps
+    fixed = e.fixed_leapfrog_steps is not None or e.euler
+    assert (_refused(name, leapfrog_steps=3) is not None) == fixed
+    assert step_size_symbol(name) == ("h" if e.euler else "eta")
+    assert e.leapfrog != e.euler
+    # Settings that play no part.
+    unused = unused_settings(cfg.to_dict())
+    assert ("rho" in unused) == e.euler
+    assert ("anchor_batch_size" in unused) == (not e.anchor)
+    assert ("staleness" in unused) == e.federated
+    assert ("max_staleness" in unused) == (not e.asynchronous)
+    # Messages: none for the pooled samplers, the anchor's arrays for debiased FA-HMC.
+    down, up = bytes_per_round(cfg, 3, 2)
+    if not e.federated:
+        assert (down, up) == (0, 0)
+    elif "engine" in e.backends:
+        per = cfg.num_clients * cfg.chains * 3 * (8 if cfg.dtype == "float64" else 4)
+        assert (down, up) == ((3 * per, 2 * per) if e.anchor else (per, per))
+        assert len(e.reply) * per == up
+    # What a round's message says, a client decodes to the same settings.
+    if e.federated and not e.asynchronous:
+        decoded = wire.decode_sampler(wire.encode_round(cfg, 1, 100))
+        assert decoded == e.settings(cfg)
+        assert wire.algorithm_entry(wire.encode_round(cfg, 1, 100)) is e
+    # Co-located batching computes FA-HMC's client update.
+    if e.batches_colocated:
+        assert e.module is fahmc and type(settings) is fahmc.Settings
+
+
+def test_fald_is_fahmc_with_k_1():
+    fald, fahmc_ = registry.entry("fald"), registry.entry("fahmc")
+    assert dataclasses.replace(fald, name="fahmc", fixed_leapfrog_steps=None) == fahmc_
+    a = registry.entry("fald").settings(_cfg("fald").resolve())
+    b = registry.entry("fahmc").settings(_cfg("fahmc", leapfrog_steps=1).resolve())
+    assert a == b and a.leapfrog_steps == 1
+    assert fald.batches_colocated
