@@ -330,19 +330,6 @@ def _captured(step, dev: torch.device):
         return step, f"eager (capture failed: {type(exc).__name__}: {str(exc)[:120]})"
 
 
-def _time_per_call(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` after one warm-up call."""
-    import statistics
-
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
-
-
 def bench_speed_shape(
     dataset: str, shape: SpeedShape, dev: torch.device, T: int, K: int, rounds: int, repeats: int
 ) -> dict:

@@ -49,7 +49,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -107,17 +106,6 @@ SHAPES = (
     Shape("fmnist", "F-MNIST N=10 B=1000", "fashion-mnist", 10, 1000, posteriors_target=2.0),
     Shape("mlp", "F-MNIST MLP N=10 B=1000", "fashion-mnist", 10, 1000, model="mlp"),
 )
-
-
-def _time(fn, repeats: int) -> float:
-    """Median seconds of ``fn()`` over ``repeats`` calls, after one warm-up call."""
-    fn()
-    times = []
-    for _ in range(repeats):
-        t0 = time.perf_counter()
-        fn()
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
 
 
 def _client_data(target):
