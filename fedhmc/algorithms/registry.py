@@ -11,11 +11,16 @@ Pure PyTorch: no Flower import.
 
 from __future__ import annotations
 
+import importlib
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
+from typing import TYPE_CHECKING
 
-from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, stale
+if TYPE_CHECKING:  # the modules are imported when an entry's module or settings are used:
+    # the run configuration reads the facts without importing torch (a ServerApp sends its
+    # first messages before it imports torch)
+    from fedhmc.algorithms import debiased, fahmc, stale
 
 ENGINE, FLOWER = "engine", "flower"
 ALGORITHM3, AUTHORS = "algorithm3", "authors"
@@ -43,17 +48,30 @@ def fahmc_fields(cfg) -> dict:
 
 def fahmc_settings(cfg) -> fahmc.Settings:
     """FA-HMC's settings (``fahmc`` and ``fald``)."""
+    from fedhmc.algorithms import fahmc
+
     return fahmc.Settings(**fahmc_fields(cfg))
 
 
 def debiased_settings(cfg) -> debiased.Settings:
     """Debiased FA-HMC's settings: FA-HMC's and the anchor batch size."""
+    from fedhmc.algorithms import debiased
+
     return debiased.Settings(anchor_batch_size=int(cfg.anchor_batch_size), **fahmc_fields(cfg))
+
+
+def async_settings(cfg):
+    """The asynchronous samplers' settings (``async_sgmcmc.Settings.from_config``)."""
+    from fedhmc.algorithms import async_sgmcmc
+
+    return async_sgmcmc.Settings.from_config(cfg)
 
 
 def _stale_settings(method: str) -> Callable:
     def build(cfg) -> stale.Settings:
         """The stale-gradient sampler's settings (one process, the pooled energy)."""
+        from fedhmc.algorithms import stale
+
         return stale.Settings(
             method=method,
             step_size=float(cfg.step_size),
@@ -76,8 +94,8 @@ class Entry:
     ----------
     name
         ``--algorithm NAME``.
-    module
-        The module with ``init(position, settings)`` and ``step(key, state, target,
+    module_path
+        The name of the module with ``init(position, settings)`` and ``step(key, state, target,
         settings)`` (the asynchronous samplers: their chain's state machine).
     settings
         Its Settings from a resolved run config: ``settings(cfg)``.
@@ -114,7 +132,7 @@ class Entry:
     """
 
     name: str
-    module: ModuleType | None
+    module_path: str | None
     settings: Callable | None
     federated: bool = True
     asynchronous: bool = False
@@ -131,9 +149,14 @@ class Entry:
     reply: tuple[str, ...] = ()
     batches_colocated: bool = False
 
+    @property
+    def module(self) -> ModuleType:
+        """The algorithm's module (``module_path``, a fixed name of this file's)."""
+        return importlib.import_module(self.module_path)
+
 
 _FAHMC = dict(
-    module=fahmc,
+    module_path="fedhmc.algorithms.fahmc",
     settings=fahmc_settings,
     leapfrog=True,
     partial_participation=True,
@@ -149,7 +172,7 @@ ENTRIES: tuple[Entry, ...] = (
     Entry("fald", **_FAHMC, fixed_leapfrog_steps=1),  # FA-HMC with K = 1, in every respect
     Entry(
         "fahmc-debiased",
-        module=debiased,
+        module_path="fedhmc.algorithms.debiased",
         settings=debiased_settings,
         leapfrog=True,
         no_partial_reason=" (debiased FA-HMC needs every client's gradient at its anchor)",
@@ -158,7 +181,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "sghmc",
-        module=stale,
+        module_path="fedhmc.algorithms.stale",
         settings=_stale_settings("sghmc"),
         federated=False,
         euler=True,
@@ -168,7 +191,7 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "sgld",
-        module=stale,
+        module_path="fedhmc.algorithms.stale",
         settings=_stale_settings("sgld"),
         federated=False,
         euler=True,
@@ -177,8 +200,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "async-sghmc",
-        module=async_sgmcmc,
-        settings=async_sgmcmc.Settings.from_config,
+        module_path="fedhmc.algorithms.async_sgmcmc",
+        settings=async_settings,
         asynchronous=True,
         euler=True,
         momentum=True,
@@ -187,8 +210,8 @@ ENTRIES: tuple[Entry, ...] = (
     ),
     Entry(
         "async-sgld",
-        module=async_sgmcmc,
-        settings=async_sgmcmc.Settings.from_config,
+        module_path="fedhmc.algorithms.async_sgmcmc",
+        settings=async_settings,
         asynchronous=True,
         euler=True,
         backends=(FLOWER,),
@@ -201,7 +224,7 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 """``--algorithm``'s choices, in the order the help lists them."""
 DEFAULT = NAMES[0]
 
-UNKNOWN = Entry("", module=None, settings=None)
+UNKNOWN = Entry("", module_path=None, settings=None)
 """The facts of a name not listed: the config's choices check refuses it, and no check
 before that one speaks for it (every fact off, both backends)."""
 
