@@ -25,7 +25,6 @@ from fedhmc_clients.task import (
     num_examples,
 )
 
-from fedhmc.errors import ConfigError
 from fedhmc.runtime import wire
 
 KINDS = ("query", "train", "grad")
@@ -64,25 +63,9 @@ def client_device(run_config: dict, node_config: dict, ray_gpus=()) -> str:
 
 def check_node_device(device: str) -> None:
     """A one-line ConfigError unless this node has ``device`` (node config ``device``)."""
-    import torch
+    from fedhmc.runtime.config import check_device
 
-    what = f"node config device={device!r}"
-    try:
-        dev = torch.device(device)
-    except (RuntimeError, ValueError):
-        raise ConfigError(f"{what} is not a torch device; use cpu, cuda or cuda:N") from None
-    if dev.type == "cuda":
-        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
-        if count == 0:
-            raise ConfigError(f"{what}: this node has no CUDA GPU; set device='cpu' or drop it")
-        if dev.index is not None and dev.index >= count:
-            last = f"cuda:{count - 1}"
-            raise ConfigError(f"{what}: this node has {count} GPU(s); use cuda:0 … {last}")
-    elif dev.type == "mps":
-        if not torch.backends.mps.is_available():
-            raise ConfigError(f"{what}: MPS is not available on this node; set device='cpu'")
-    elif dev.type != "cpu":
-        raise ConfigError(f"{what}: fedhmc runs on cpu, cuda or mps")
+    check_device(device, f"node config device={device!r}", "this node", "device='cpu'")
 
 
 def _ray_gpu_ids() -> list:

@@ -76,7 +76,7 @@ def serve(
     from fedhmc.core import participation
     from fedhmc.core.aggregate import ReplyError, validate_reply
     from fedhmc.runtime import checkpoint, wire
-    from fedhmc.runtime.engine import RoundStats, algorithm_of, prepare, run_loop
+    from fedhmc.runtime.engine import RoundStats, prepare, run_loop
     from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
     cfg = prepare(cfg)
@@ -90,7 +90,7 @@ def serve(
     by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])
     counts = [sizes[nid][1] for nid in by_partition]
     client_weights = torch.tensor(counts, dtype=torch.float64, device=device) / num_total
-    algorithm, settings = algorithm_of(cfg)  # fahmc or debiased: the same interface
+    algorithm, settings = registry.algorithm_of(cfg)  # fahmc or debiased: the same interface
     dtype = torch_dtype(cfg)
     shape = (cfg.chains, dim)
     failed_rounds = 0

@@ -948,33 +948,34 @@ class RunConfig:
         return os.path.join("runs", f"{stamp}-{self.dataset}")
 
 
-def check_device(device: str) -> None:
-    """A one-line error for a device that this machine does not have."""
+def check_device(
+    device: str, label: str | None = None, where: str = "this machine", cpu: str = "--device cpu"
+) -> None:
+    """A one-line error for a device that ``where`` does not have. ``label`` names the
+    setting in the message (default ``--device DEVICE``; a SuperNode's node config says
+    ``node config device='cuda:1'``), ``cpu`` how to ask for the CPU instead."""
     import torch
 
+    label = label or f"--device {device}"
     try:
         dev = torch.device(device)
     except (RuntimeError, ValueError):
-        raise ConfigError(
-            f"--device {device!r} is not a torch device; use cpu, cuda or cuda:N"
-        ) from None
+        raise ConfigError(f"{label} is not a torch device; use cpu, cuda or cuda:N") from None
     if dev.type == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError(f"--device {device}: no CUDA GPU is available here; use --device cpu")
-        if dev.index is not None and dev.index >= torch.cuda.device_count():
-            raise ConfigError(
-                f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s); "
-                f"use cuda:0 … cuda:{torch.cuda.device_count() - 1}"
-            )
+        count = torch.cuda.device_count() if torch.cuda.is_available() else 0
+        if count == 0:
+            raise ConfigError(f"{label}: no CUDA GPU is available on {where}; use {cpu}")
+        if dev.index is not None and dev.index >= count:
+            raise ConfigError(f"{label}: {where} has {count} GPU(s); use cuda:0 … cuda:{count - 1}")
     elif dev.type == "mps":
         # The chain's random numbers (Box-Muller on 53-bit uniforms) and the metrics are
         # float64 computations, which Apple's MPS backend does not have.
         raise ConfigError(
-            f"--device {device}: fedhmc's random numbers and metrics need float64, which "
-            "Apple's MPS backend lacks; use --device cpu"
+            f"{label}: fedhmc's random numbers and metrics need float64, which Apple's MPS "
+            f"backend lacks; use {cpu}"
         )
     elif dev.type != "cpu":
-        raise ConfigError(f"--device {device}: fedhmc runs on cpu or cuda")
+        raise ConfigError(f"{label}: fedhmc runs on cpu or cuda")
 
 
 def _coerce(key: str, value, hint, literal_none: bool = False):

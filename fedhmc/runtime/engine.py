@@ -40,12 +40,6 @@ def sampler_settings(cfg: RunConfig) -> fahmc.Settings:
     return algo.settings(cfg) if algo.leapfrog else registry.fahmc_settings(cfg)
 
 
-def algorithm_of(cfg: RunConfig):
-    """(module, settings) of the in-process algorithm that ``cfg`` runs: every module has
-    ``init(position, settings)`` and ``step(key, state, target, settings)``."""
-    return registry.algorithm_of(cfg)
-
-
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:
     """Whether round ``round_`` (1-based) contributes a sample: after ``burn_in`` rounds,
     every ``thin``-th round, and under ``--sync-unit leapfrog`` only at the end of a
@@ -736,7 +730,7 @@ def run(
     apply_threads(threads, round_work(problem.target, cfg))
     from fedhmc.runtime import checkpoint
 
-    module, settings = algorithm_of(cfg)
+    module, settings = registry.algorithm_of(cfg)
     target = problem.target
     theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
     state = module.init(theta0, settings)

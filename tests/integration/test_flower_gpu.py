@@ -140,10 +140,10 @@ def test_the_node_configs_device_overrides_the_runs_for_its_target():
 @pytest.mark.parametrize(
     ("device", "gpus", "match"),
     [
-        ("cuda", 0, "node config device='cuda': this node has no CUDA GPU; set device='cpu'"),
+        ("cuda", 0, "node config device='cuda': no CUDA GPU is available on this node; use dev"),
         ("cuda:7", 1, r"node config device='cuda:7': this node has 1 GPU\(s\); use cuda:0"),
         ("nonsense", 0, "node config device='nonsense' is not a torch device"),
-        ("meta", 0, "node config device='meta': fedhmc runs on cpu, cuda or mps"),
+        ("meta", 0, "node config device='meta': fedhmc runs on cpu or cuda"),
     ],
 )
 def test_a_device_the_node_lacks_is_one_line(monkeypatch, device, gpus, match):

@@ -25,7 +25,8 @@ def test_cuda_index_beyond_the_machine(monkeypatch):
 
 def test_cuda_without_a_gpu(monkeypatch):
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
-    with pytest.raises(ConfigError, match="no CUDA GPU is available here; use --device cpu"):
+    msg = "no CUDA GPU is available on this machine; use --device cpu"
+    with pytest.raises(ConfigError, match=msg):
         check_device("cuda")
 
 
