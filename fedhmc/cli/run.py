@@ -11,19 +11,11 @@ from fedhmc.errors import ConfigError
 from fedhmc.runtime.threads import parse_threads
 
 
-def _jsonable(config: dict) -> dict:
-    """``config`` as its JSON form (what a checkpoint's header holds)."""
-    import json
-
-    return json.loads(json.dumps(config, default=str))
-
-
 def check_resume(run_dir: str, cfg, given: dict) -> None:
     """The refusals of a resume, before anything is printed or run: the folder in use by
     another process, no readable checkpoint, or a checkpoint of another configuration
     (named as the user's own option when given, else as the folder's)."""
     from fedhmc.runtime import checkpoint
-    from fedhmc.runtime.config import recorded_settings
     from fedhmc.runtime.lock import FolderLock
 
     FolderLock(run_dir).acquire().release()  # in use: refused now, in one line
@@ -33,11 +25,7 @@ def check_resume(run_dir: str, cfg, given: dict) -> None:
     else:  # a checkpoint without its config in the header: read it whole
         state, _ = checkpoint.load(run_dir)
         saved, reached, version = state["config"], state["round"], state["_header"]["version"]
-    # Both sides as config.json records them (as the engine compares them): a setting that
-    # played no part is None on both, whatever value it was given.
-    saved = {**recorded_settings(_jsonable(saved)), "_round_reached": int(reached)}
-    now = _jsonable(cfg.recorded())
-    checkpoint.check_compatible(saved, now, version, given=set(given))
+    checkpoint.check_resumable(saved, reached, version, cfg, given)
 
 
 def _out_of_memory(cfg, exc: BaseException) -> ConfigError:

@@ -233,6 +233,24 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
+def check_resumable(
+    saved_config: dict, reached: int, version: str, cfg, given: Collection[str] = ()
+) -> None:
+    """Refuse, in one line, to continue the checkpoint of ``saved_config`` (which reached
+    round ``reached``, written by fedhmc ``version``) as the run ``cfg``. Both sides are
+    compared as ``config.json`` records them: a setting that played no part (the MLP's
+    widths of a CNN run) is None on both, whatever value it was given."""
+    import json
+
+    from fedhmc.runtime.config import recorded_settings
+
+    def plain(config: dict) -> dict:
+        return json.loads(json.dumps(config, default=str))
+
+    saved = {**recorded_settings(plain(saved_config)), "_round_reached": int(reached)}
+    check_compatible(saved, plain(cfg.recorded()), version, given=set(given))
+
+
 def check_compatible(
     saved: dict, config: dict, version: str, given: Collection[str] | None = None
 ) -> None:

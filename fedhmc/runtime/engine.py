@@ -25,7 +25,7 @@ import torch
 
 from fedhmc.algorithms import fahmc, registry
 from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
-from fedhmc.runtime.config import RunConfig, recorded_settings
+from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
 from fedhmc.runtime.threads import apply_threads, round_work
@@ -194,11 +194,8 @@ def prepare_out(cfg: RunConfig) -> dict | None:
         state, problems = checkpoint.load(out)
         for p in problems:
             print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
-        # Both sides as config.json records them: a setting that played no part (the MLP's
-        # widths of a CNN run) is None on both, whatever value it was given.
-        saved = recorded_settings(dict(state["config"]))
-        saved["_round_reached"] = int(state["round"])
-        checkpoint.check_compatible(saved, cfg.recorded(), state["_header"]["version"])
+        version = state["_header"]["version"]
+        checkpoint.check_resumable(state["config"], state["round"], version, cfg)
         return state
     holds = [n for n in ("config.json", "summary.json", "checkpoint.pt") if (out / n).exists()]
     if holds and not cfg.overwrite:
