@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import logging
 
-from fedhmc_clients.worker import WorkerError, call
+from fedhmc_clients.worker import WarmWorkerError, call
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
@@ -76,7 +76,7 @@ def _compute(kind: str, rc: dict, nc: dict, config: dict, arrays: dict):
     if sock:
         try:
             return call(str(sock), kind, rc, nc, config, arrays)
-        except WorkerError as e:
+        except WarmWorkerError as e:
             log.warning("%s; computing in this process instead", e)
     from fedhmc_clients.compute import compute  # torch: only when computing here
 

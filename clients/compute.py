@@ -27,7 +27,7 @@ from fedhmc_clients.task import (
 
 from fedhmc.runtime import wire
 
-KINDS = ("query", "train", "grad")
+MESSAGE_KINDS = ("query", "train", "grad")
 COLOCATED_KEY = "simulation-colocated"
 """Run-config key that the Flower simulation sets: its clients share one process, so a
 round of ``train`` messages is computed in one batch (``colocated_update``)."""
@@ -98,18 +98,12 @@ def compute(
         grad, n_c = async_gradient(cfg, pid, arrays["theta"], config, seed)
         return {"grad": grad}, {"num-examples": n_c, "partition-id": pid}
     if kind != "train":
-        raise ValueError(f"unknown message kind {kind!r}; expected one of {KINDS}")
+        raise ValueError(f"unknown message kind {kind!r}; expected one of {MESSAGE_KINDS}")
     wire.check_data(cfg, config)
     reply = None
     if run_config.get(COLOCATED_KEY) and seed is None:
         reply = colocated_update(cfg, pid, config, arrays)
     if reply is None:
         reply = local_update(cfg, pid, config, arrays, seed)
-    out = {k: reply[k] for k in ("theta", "momentum", "grad") if reply[k] is not None}
-    metrics = {
-        "num-examples": reply["num-examples"],
-        "partition-id": pid,
-        "energy": reply["energy"],
-        "energy-error": reply["energy-error"],
-    }
-    return out, metrics
+    out, values = reply
+    return out, {**values, "partition-id": pid}

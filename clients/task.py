@@ -16,18 +16,13 @@ import dataclasses
 
 import torch
 
-from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import client_seed, round_seed
+from fedhmc.algorithms.federated import client_seed, round_clients, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
 from fedhmc.runtime.threads import apply_threads, round_work
 
 _TARGETS: dict[tuple, tuple] = {}
-# Debiased FA-HMC: this process's last local gradient at the position it was sent, keyed by
-# everything that determines it, so the next round need not recompute it (a client in a
-# new process, or one that missed a round, recomputes it: the value is the same).
-_ANCHOR_GRADS: dict[tuple, tuple] = {}
 
 
 def client_config(run_config: dict) -> RunConfig:
@@ -83,26 +78,30 @@ def moved(obj, device):
     return dataclasses.replace(obj, **tensors)
 
 
-def _reply(update, c: int, n_c: int) -> dict:
-    """Client ``c``'s reply from an update (on the CPU: `moved`): positions, momentum and
-    local gradient (S, D) as numpy arrays, n_c, and the health numbers."""
+def _reply(update, up: tuple[str, ...], c: int, n_c: int) -> tuple[dict, dict]:
+    """Client ``c``'s reply from an update of M clients (on the CPU: `moved`): its arrays
+    (the layout's ``up``: positions, and the momentum or the local gradient where the
+    algorithm sends them), and its n_c, gradient evaluations and health numbers."""
+    M = int(update.position.shape[1])
+    values = {"num-examples": n_c, "grad-evals": int(update.grad_evals) // M}
+    if update.energy is not None:
+        values["energy"] = float(update.energy[:, c].max())
+    if update.energy_error is not None:
+        values["energy-error"] = float(update.energy_error[:, c].mean())
+    return wire.encode_reply(update, up, c), values
 
-    def row(x):
-        return None if x is None else x[:, c].numpy()
 
-    return {
-        "theta": row(update.position),
-        "momentum": row(update.momentum),
-        "grad": row(update.local_grad),
-        "num-examples": n_c,
-        "energy": float(update.energy[:, c].max()),
-        "energy-error": float(update.energy_error[:, c].mean()),
-    }
+# This process's last round of each client it computed alone: (message, update), keyed by
+# everything that determines it. An algorithm's ``kept_by_client`` takes from it what its
+# clients keep (debiased FA-HMC: the local gradient at the anchor, so the next round need
+# not recompute it; a client in a new process, or one that missed a round, recomputes it:
+# the value is the same).
+_LAST: dict[tuple, tuple] = {}
 
 
 def local_update(
     cfg: RunConfig, partition_id: int, config: dict, arrays: dict, private_seed: int | None
-) -> dict:
+) -> tuple[dict, dict]:
     """One round of this client alone: the algorithm's ``client_update`` on its own data.
 
     Parameters
@@ -121,10 +120,10 @@ def local_update(
 
     Returns
     -------
-    dict
-        The reply (``_reply``): new positions (S, D) of the run's dtype, the end momentum
-        under ``sync-unit = leapfrog`` and debiased FA-HMC's local gradient (else None), n_c,
-        the energy and the mean |ΔH| per leapfrog trajectory over the chains.
+    tuple
+        The reply (``_reply``): its arrays (new positions (S, D) of the run's dtype, and what
+        else the algorithm's layout sends up) and its values (n_c, gradient evaluations, the
+        energy and the mean |ΔH| per leapfrog trajectory over the chains).
     """
     # Every sampler setting travels in the round's settings: the server is authoritative.
     cfg = wire.apply_data(cfg, config)
@@ -133,25 +132,19 @@ def local_update(
     message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     seeds = torch.tensor([seed], device=cfg.device)
-    algo = wire.algorithm_entry(config)
-    if algo.anchor:  # debiased FA-HMC
-        # This process's local gradient at the anchor, if it computed it last round.
-        base = (cfg, partition_id, seed, settings.anchor_batch_size)
-        cached, anchor_local = _ANCHOR_GRADS.get(base), None
-        if (
-            cached is not None
-            and message.anchor_position is not None
-            and cached[0] == message.anchor_round
-            and torch.equal(cached[1], message.anchor_position)
-        ):
-            anchor_local = cached[2]
-        update = algo.module.client_update(
-            message, target, settings, seeds, anchor_local=anchor_local
-        )
-        _ANCHOR_GRADS[base] = (message.round, message.position, update.local_grad)
-    else:
-        update = algo.module.client_update(message, target, settings, seeds)
-    return _reply(moved(update, "cpu"), 0, n_c)
+    algorithm = wire.algorithm_entry(config).module
+    last = (cfg, partition_id, seed, _run_settings(config))
+    kept = algorithm.kept_by_client(message, _LAST.get(last))
+    update = algorithm.client_update(message, target, settings, seeds, **kept)
+    _LAST[last] = (message, update)
+    up = algorithm.layout(settings, message.round).up
+    return _reply(moved(update, "cpu"), up, 0, n_c)
+
+
+def _run_settings(config: dict) -> tuple:
+    """A round's settings without what changes from round to round."""
+    per_round = ("round", "round-seed", "anchor-round", "round-clients")
+    return tuple(sorted((k, str(v)) for k, v in config.items() if k not in per_round))
 
 
 # A simulation's co-located clients: the last round computed for all of them at once.
@@ -164,15 +157,14 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     batched computation and the round's other messages take their own rows. Each client's
     numbers are those of ``local_update`` (the batched engine's); the messages, replies and
     failures stay per client. Returns None where it does not apply (another round seed
-    than the run's, or debiased FA-HMC), and the caller computes alone.
+    than the run's, or an algorithm whose entry does not batch co-located clients), and the
+    caller computes alone.
     """
     cfg = wire.apply_data(cfg, config)
     round_ = int(config["round"])
     settings = wire.decode_sampler(config)
-    if (
-        int(config["round-seed"]) != round_seed(cfg.seed, round_)
-        or not wire.algorithm_entry(config).batches_colocated
-    ):
+    entry = wire.algorithm_entry(config)
+    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or not entry.batches_colocated:
         return None
     num_total = int(config["num-examples-total"])
     message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
@@ -187,24 +179,31 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         and last[0] == key
         and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
     ):
-        target = colocated_target(cfg, num_total)
-        # The engine's thread count for this round (--threads auto): a batched reduction
-        # may round differently at another count, and the chain must be the engine's.
-        apply_threads("auto", round_work(target, cfg))
-        drawn = message.clients
-        ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
-        target, seeds = fahmc.round_clients(cfg.seed, message, target)
-        update = moved(fahmc.client_update(message, target, settings, seeds), "cpu")
-        counts = getattr(target, "counts", None)
-        if isinstance(counts, torch.Tensor):  # one transfer, not one per client
-            counts = counts.tolist()
-        last = (key, sent, update, counts, ids)
+        last = (key, sent, *_colocated_round(cfg, entry.module, message, settings, num_total))
         _COLOCATED["round"] = last
     _, _, update, counts, ids = last
     if partition_id not in ids:
         return None
     c = ids.index(partition_id)
-    return _reply(update, c, int(counts[c]) if counts is not None else 1)
+    up = entry.module.layout(settings, round_).up
+    return _reply(update, up, c, int(counts[c]) if counts is not None else 1)
+
+
+def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: int):
+    """(update on the CPU, n_c of the round's clients, their ids) of every drawn co-located
+    client, computed in one batch."""
+    target = colocated_target(cfg, num_total)
+    # The engine's thread count for this round (--threads auto): a batched reduction
+    # may round differently at another count, and the chain must be the engine's.
+    apply_threads("auto", round_work(target, cfg))
+    drawn = message.client_ids
+    ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
+    target, seeds = round_clients(cfg.seed, message, target)
+    update = moved(algorithm.client_update(message, target, settings, seeds), "cpu")
+    counts = getattr(target, "counts", None)
+    if isinstance(counts, torch.Tensor):  # one transfer, not one per client
+        counts = counts.tolist()
+    return update, counts, ids
 
 
 def colocated_target(cfg: RunConfig, num_total: int | None = None):

@@ -40,7 +40,7 @@ MAX_FRAME = 1 << 31
 REPLY_KEYS = {"theta", "momentum", "grad"}
 
 
-class WorkerError(RuntimeError):
+class WarmWorkerError(RuntimeError):
     """The worker could not be reached, or its reply is not valid."""
 
 
@@ -100,11 +100,11 @@ def call(
             s.sendall(_pack(header, arrays))
             reply, out = _unpack(s)
     except (OSError, ValueError, struct.error) as e:
-        raise WorkerError(f"worker at {path}: {e}") from None
+        raise WarmWorkerError(f"worker at {path}: {e}") from None
     if not reply.get("ok") and reply.get("user_error"):  # this node's error: no retry helps
         raise FedHMCError(str(reply["user_error"]))
     if not reply.get("ok"):
-        raise WorkerError(f"worker at {path} failed: {reply.get('error', 'no reason given')}")
+        raise WarmWorkerError(f"worker at {path} failed: {reply.get('error', 'no reason given')}")
     validate(kind, arrays, out, reply.get("metrics"))
     return out, reply["metrics"]
 
@@ -114,18 +114,18 @@ def validate(kind: str, sent: dict, arrays: dict, metrics) -> None:
     if not isinstance(metrics, dict) or not all(
         isinstance(k, str) and isinstance(v, int | float) for k, v in metrics.items()
     ):
-        raise WorkerError(f"worker reply: metrics must map names to numbers, got {metrics!r}")
+        raise WarmWorkerError(f"worker reply: metrics must map names to numbers, got {metrics!r}")
     extra = set(arrays) - REPLY_KEYS
     if extra:
-        raise WorkerError(f"worker reply: unexpected arrays {sorted(extra)}")
+        raise WarmWorkerError(f"worker reply: unexpected arrays {sorted(extra)}")
     if kind in ("train", "grad"):
         need = "theta" if kind == "train" else "grad"
         if need not in arrays:
-            raise WorkerError(f"worker reply: missing {need!r}")
+            raise WarmWorkerError(f"worker reply: missing {need!r}")
         shape = sent["theta"].shape
         for k, a in arrays.items():
             if a.dtype.kind != "f" or a.shape != shape or not np.isfinite(a).all():
-                raise WorkerError(
+                raise WarmWorkerError(
                     f"worker reply: {k!r} must be finite floats of shape {shape}, "
                     f"got {a.dtype} {a.shape}"
                 )
@@ -162,7 +162,7 @@ def warm_imports() -> None:
     import sklearn.model_selection  # noqa: F401
 
 
-def serve(
+def serve_worker(
     path: str | Path,
     ready: threading.Event | None = None,
     stop: threading.Event | None = None,
@@ -245,7 +245,7 @@ def main(argv=None) -> int:
     ap = argparse.ArgumentParser(prog="python -m fedhmc_clients.worker", description=__doc__)
     ap.add_argument("--socket", required=True, help="the Unix socket to listen on")
     args = ap.parse_args(argv)
-    serve(args.socket)
+    serve_worker(args.socket)
     return 0
 
 

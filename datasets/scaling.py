@@ -25,13 +25,15 @@ import torch
 
 from fedhmc.errors import ConfigError
 
-SCALINGS = ("standardize", "unit", "symmetric", "none")
+FEATURE_SCALINGS = ("standardize", "unit", "symmetric", "none")
 
 
 def check_scaling(scaling: str) -> str:
     """Return ``scaling`` if valid, else raise `ConfigError`."""
-    if scaling not in SCALINGS:
-        raise ConfigError(f"unknown scaling {scaling!r}; choose one of {', '.join(SCALINGS)}")
+    if scaling not in FEATURE_SCALINGS:
+        raise ConfigError(
+            f"unknown scaling {scaling!r}; choose one of {', '.join(FEATURE_SCALINGS)}"
+        )
     return scaling
 
 

@@ -38,12 +38,12 @@ from fedhmc.errors import ConfigError, DataError
 
 from .partition import as_client_ids
 from .registry import DatasetSplit
-from .scaling import SCALINGS, scale_features
+from .scaling import FEATURE_SCALINGS, scale_features
 
-ARRAYS = ("x_train", "y_train", "x_test", "y_test")
+USER_ARRAYS = ("x_train", "y_train", "x_test", "y_test")
 OPTIONAL_ARRAYS = ("client_train",)
 USER_SCALINGS = ("none", "standardize")
-IN_MEMORY = "in-memory tensors"
+IN_MEMORY_NAME = "in-memory tensors"
 
 
 _DIGESTS: dict[tuple, str] = {}
@@ -77,7 +77,7 @@ def sha256_of(path: str | os.PathLike, chunk_size: int = 1 << 20) -> str:
 def _check_scaling(scaling: str) -> str:
     if scaling in USER_SCALINGS:
         return scaling
-    if scaling in SCALINGS:
+    if scaling in FEATURE_SCALINGS:
         raise ConfigError(
             f"scaling {scaling!r} divides pixels by a known maximum, which user data does not "
             "declare; scale the features yourself (e.g. x / 255) and use scaling='none', or "
@@ -390,14 +390,14 @@ def _inspect(npz, shown) -> list[str]:
     from .memory import require
 
     held = list(npz.files)
-    missing = [k for k in ARRAYS if k not in held]
+    missing = [k for k in USER_ARRAYS if k not in held]
     if missing:
         holds = ", ".join(held) or "nothing"
         raise DataError(
             f"{shown} lacks {', '.join(missing)} (it holds: {holds}); save it with "
             "np.savez(path, x_train=..., y_train=..., x_test=..., y_test=...[, client_train=...])"
         )
-    wanted = [k for k in (*ARRAYS, *OPTIONAL_ARRAYS) if k in held]
+    wanted = [k for k in (*USER_ARRAYS, *OPTIONAL_ARRAYS) if k in held]
     need = 0
     for k in wanted:
         shape, dtype = _member_layout(npz, k, shown)
@@ -482,7 +482,7 @@ def from_tensors(
     client_train=None,
     *,
     num_classes: int | None = None,
-    name: str = IN_MEMORY,
+    name: str = IN_MEMORY_NAME,
     scaling: str = "none",
 ) -> DatasetSplit:
     """Build a dataset from tensors or arrays.
@@ -517,7 +517,7 @@ def from_tensors(
         num_classes=num_classes,
         scaling=scaling,
         name=name,
-        source={"kind": IN_MEMORY},
+        source={"kind": IN_MEMORY_NAME},
         what=f"user data ({name})",
     )
 
@@ -602,7 +602,7 @@ def from_datasets(
     client_train=None,
     *,
     num_classes: int | None = None,
-    name: str = IN_MEMORY,
+    name: str = IN_MEMORY_NAME,
     scaling: str = "none",
 ) -> DatasetSplit:
     """Build a dataset from two map-style torch datasets.

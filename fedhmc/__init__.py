@@ -18,7 +18,7 @@ __version__ = "0.1.0"
 
 _PUBLIC = {
     "RunConfig": "fedhmc.runtime.config",
-    "run": "fedhmc.runtime.engine",
+    "run": "fedhmc.runtime.backends:run_config",  # any --backend
     "RunResult": "fedhmc.runtime.engine",
     "FedHMCError": "fedhmc.errors",
     "ConfigError": "fedhmc.errors",
@@ -36,5 +36,6 @@ def __getattr__(name: str):
     if name in _PUBLIC:
         import importlib
 
-        return getattr(importlib.import_module(_PUBLIC[name]), name)
+        module, _, attr = _PUBLIC[name].partition(":")
+        return getattr(importlib.import_module(module), attr or name)
     raise AttributeError(f"module 'fedhmc' has no attribute {name!r}")

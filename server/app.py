@@ -19,9 +19,12 @@ from fedhmc.algorithms import registry
 from fedhmc.runtime.config import RunConfig
 
 
-def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) -> ServerApp:
+def make_server_app(
+    cfg: RunConfig | None = None, result: dict | None = None, on_round=None
+) -> ServerApp:
     """A ServerApp running ``cfg`` (or the context's run config); stores the RunResult, or
-    the exception that stopped it, in ``result`` (the in-process simulation reads it)."""
+    the exception that stopped it, in ``result`` (the in-process simulation reads it), and
+    calls ``on_round`` with each round's metrics row there."""
     server = ServerApp()
 
     @server.main()
@@ -41,7 +44,7 @@ def make_server_app(cfg: RunConfig | None = None, result: dict | None = None) ->
                 out = body(grid, run_cfg, on_round=round_logger(run_cfg.rounds), started=started)
                 log_final(out)
             else:
-                out = body(grid, run_cfg, progress=True, started=started)
+                out = body(grid, run_cfg, progress=True, on_round=on_round, started=started)
         except Exception as e:  # handed to the caller, which reports it on one line
             if result is None:
                 raise

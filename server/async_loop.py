@@ -8,7 +8,8 @@ then on it polls ``pull_messages`` and applies each gradient as soon as it arriv
 then sends the new θ to that worker only. A gradient staler than ``--max-staleness`` server
 updates is dropped. A "round" of the output is ``--local-steps`` updates of every chain:
 θ of every chain at that timestamp goes through the engine's `fedhmc.runtime.engine.run_loop`
-(burn-in, thinning, metrics, files), so the files are those of ``fedhmc run``, plus
+as the position of an `AsyncBackend` (burn-in, thinning, metrics, files), so the files are
+those of ``fedhmc run``, plus
 ``staleness.csv`` and ``workers.csv`` and an ``async`` block in ``summary.json``.
 
 Failures. An error reply (a ClientApp that raised) or an invalid one is counted and the
@@ -40,8 +41,9 @@ from fedhmc.algorithms.async_sgmcmc import (
 )
 from fedhmc.errors import ConfigError, FedHMCError
 from fedhmc.runtime import wire
+from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.engine import RoundStats, RunResult, prepare, run_loop
+from fedhmc.runtime.engine import RoundStats, RunResult, run_loop
 from fedhmc.runtime.output import write_csv_atomic
 from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
@@ -232,6 +234,58 @@ class AsyncServer:
         write_csv_atomic(out_dir / "workers.csv", report["per_worker"], cols)
 
 
+class AsyncBackend:
+    """The asynchronous server as a backend of the engine's `fedhmc.runtime.engine.run_loop`:
+    round r is reached when every chain has applied r × ``--local-steps`` updates, and θ̄ is
+    the chains' θ at that timestamp. Not resumable: the chains' server state is not
+    checkpointed (``--resume`` is refused)."""
+
+    name = "flower"
+
+    def __init__(self, server: AsyncServer, theta0: torch.Tensor):
+        self.server = server
+        self.position = theta0
+        self.report: dict = {}  # the async block of summary.json, once the run ends
+        self.t0 = time.perf_counter()
+
+    def round(self, r: int) -> RoundStats:
+        server, sizes = self.server, self.server.sizes
+        if r == 1:
+            server.send(sorted(sizes, key=lambda nid: sizes[nid][0]))
+        server.advance_to(r)
+        counts = dict(server.round_counts)
+        server.round_counts = dict.fromkeys(counts, 0)
+        self.position = torch.stack([c.snapshots.pop(r) for c in server.chains])
+        return RoundStats(
+            grad_evals=counts["grads"],
+            finite=bool(torch.isfinite(self.position).all()),
+            clients=sum(len(c.active_workers()) for c in server.chains),
+            failed=counts["failed"],
+            bytes_down=counts["bytes_down"],
+            bytes_up=counts["bytes_up"],
+        )
+
+    def state_dict(self) -> None:
+        return None
+
+    def load_state_dict(self, saved: dict) -> None:
+        raise ConfigError("the asynchronous server's state is not checkpointed")
+
+    def summary(self) -> dict:
+        self.report.update(self.server.report(time.perf_counter() - self.t0))
+        return {"async": self.report}
+
+    def close(self, out: str) -> None:
+        """``staleness.csv`` and ``workers.csv`` (once the summary was written), and each
+        chain's updates and staleness in the log."""
+        if self.report and Path(out).is_dir():
+            self.server.write(out, self.report)
+        for s, c in enumerate(self.server.chains):
+            log.info(
+                "chain %d: %d updates, staleness %s", s, c.t, dict(sorted(c.staleness.items()))
+            )
+
+
 def serve_async(
     grid: Grid,
     cfg: RunConfig,
@@ -256,51 +310,17 @@ def serve_async(
             f"workers, but only {len(sizes)} answered; lower --chains or add SuperNodes"
         )
     theta0 = initial_position(model, dim, cfg, device=device)
-    server = AsyncServer(grid, cfg, theta0, sizes)
-    t0 = time.perf_counter()
-
-    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        if r == 1:
-            server.send(sorted(sizes, key=lambda nid: sizes[nid][0]))
-        server.advance_to(r)
-        counts = dict(server.round_counts)
-        server.round_counts = dict.fromkeys(counts, 0)
-        active = sum(len(c.active_workers()) for c in server.chains)
-        theta = torch.stack([c.snapshots.pop(r) for c in server.chains])
-        stats = RoundStats(
-            grad_evals=counts["grads"],
-            finite=bool(torch.isfinite(theta).all()),
-            clients=active,
-            failed=counts["failed"],
-            bytes_down=counts["bytes_down"],
-            bytes_up=counts["bytes_up"],
-        )
-        return theta, stats
-
-    report: dict = {}
-
-    def async_report() -> dict:
-        report.update(server.report(time.perf_counter() - t0))
-        return {"async": report}
-
+    backend = AsyncBackend(AsyncServer(grid, cfg, theta0, sizes), theta0)
     try:
         return run_loop(
             cfg,
             evaluator,
-            theta0,
-            round_fn,
+            backend,
             dim=dim,
             num_clients=len(sizes),
             description=description,
-            backend="flower",
             progress=progress,
             on_round=on_round,
-            summary_extra=async_report,
         )
     finally:
-        if report and Path(cfg.out).is_dir():
-            server.write(cfg.out, report)
-        for s, c in enumerate(server.chains):
-            log.info(
-                "chain %d: %d updates, staleness %s", s, c.t, dict(sorted(c.staleness.items()))
-            )
+        backend.close(cfg.out)

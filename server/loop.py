@@ -1,13 +1,14 @@
-"""The FA-HMC server: broadcast θ̄, collect the clients' positions, average, evaluate.
+"""The federated server: broadcast θ̄, collect the clients' replies, combine, evaluate.
 
-Each round it asks the algorithm (``fahmc`` or ``debiased``) for the round's Broadcast,
-sends it to every client as one message (θ̄ and what the round carries as an ArrayRecord;
-the round, the round seed and the sampler settings as a ConfigRecord), validates the replies
-(``fedhmc.core.aggregate.validate_reply``), stacks them in partition order and hands them
-to the algorithm's ``server_update``, which averages with weights n_c renormalised over the
-clients that replied: the function the engine's ``step`` ends with. The loop between rounds
-(sample collection, metrics, files) is the engine's own ``run_loop``, so the output files
-are the same.
+Each round it asks the algorithm (its registry entry's module) for the round's Broadcast,
+sends it to the round's clients as one message (the arrays its ``layout`` names as an
+ArrayRecord; the round, the round seed and the sampler settings as a ConfigRecord),
+validates the replies (``fedhmc.core.aggregate.validate_reply``), stacks them in partition
+order and hands them to ``fedhmc.algorithms.federated.finish``: the algorithm's own rule
+for combining them (weights n_c renormalised over the clients that replied, or partial
+participation's coefficients) and its ``server_update``, the functions the engine's
+``step`` ends with. The loop between rounds (sample collection, metrics, files) is the
+engine's own ``run_loop``, so the output files are the same.
 
 The server computes on the run's device (``--device``): its evaluator, θ̄ and the
 algorithm's state live there, every reply is moved there before the average, and what
@@ -18,6 +19,7 @@ from __future__ import annotations
 
 import logging
 import time
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
@@ -28,8 +30,6 @@ from fedhmc.errors import FedHMCError, ModelError
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
-    import torch
-
     from fedhmc.runtime.engine import RoundStats, RunResult
 
 __all__ = ["query_sizes", "round_config", "serve", "wait_for_nodes"]
@@ -52,6 +52,10 @@ def _as_int(value) -> int | float:
     return value if isinstance(value, (int, float)) else float("nan")
 
 
+def _as_float(value) -> float:
+    return float(value) if isinstance(value, (int, float)) else float("nan")
+
+
 def serve(
     grid: Grid,
     cfg: RunConfig,
@@ -59,7 +63,8 @@ def serve(
     on_round=None,
     started: Started | None = None,
 ) -> RunResult:
-    """Run FA-HMC over the grid's clients and write the run's files; the ServerApp's body.
+    """Run a federated sampler over the grid's clients and write the run's files; the
+    ServerApp's body.
 
     ``started`` is the run's `fedhmc_server.startup.begin` when the caller already
     sent the size query (the ServerApp does, before its heavy imports)."""
@@ -69,165 +74,234 @@ def serve(
             grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout, cfg.round_timeout
         )
     # The heavy part, while the size query is in flight.
-    import torch
-
-    from fedhmc.algorithms import registry
-    from fedhmc.algorithms.fahmc import ClientUpdate, stack_updates
-    from fedhmc.core import participation
-    from fedhmc.core.aggregate import ReplyError, validate_reply
-    from fedhmc.runtime import checkpoint, wire
-    from fedhmc.runtime.engine import RoundStats, prepare, run_loop
-    from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
+    from fedhmc.runtime.backends import prepare
+    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.problem import build_evaluator
 
     cfg = prepare(cfg)
-    device = torch.device(cfg.device)
-    evaluator, model, dim, description = build_evaluator(cfg, device)
-    exchange = started.exchange
-    sizes = started.sizes()
-    num_total = sum(n for _, n in sizes.values())
-    # The clients' weights in partition order, as the engine's target holds them: under
-    # partial participation the round's clients are drawn from these.
-    by_partition = sorted(sizes, key=lambda nid: sizes[nid][0])
-    counts = [sizes[nid][1] for nid in by_partition]
-    client_weights = torch.tensor(counts, dtype=torch.float64, device=device) / num_total
-    algorithm, settings = registry.algorithm_of(cfg)  # fahmc or debiased: the same interface
-    dtype = torch_dtype(cfg)
-    shape = (cfg.chains, dim)
-    failed_rounds = 0
-    anchored = registry.entry(cfg.algorithm).anchor  # debiased FA-HMC: + ∇f at the anchor
-    keys = registry.entry(cfg.algorithm).reply  # what a client's reply carries
-    if settings.leapfrog_sync:
-        keys = (*keys, "momentum")
-    theta0 = initial_position(model, dim, cfg, device=device)
-    state = algorithm.init(theta0, settings)
-    durations: list[float] = []  # of the complete rounds so far
+    evaluator, model, dim, description = build_evaluator(cfg, cfg.device)
+    server = RoundServer(cfg, started, model, dim)
+    return run_loop(
+        cfg,
+        evaluator,
+        server,
+        dim=dim,
+        num_clients=len(server.sizes),
+        description=description,
+        progress=progress,
+        on_round=on_round,
+    )
 
-    def straggler_deadline() -> float | None:
-        """factor × the median of the last 10 complete rounds, at least the floor; None
-        before any complete round or when off."""
-        if cfg.straggler_factor <= 0 or not durations:
-            return None
-        recent = sorted(durations[-10:])
-        median = recent[len(recent) // 2]
-        return max(cfg.straggler_floor, cfg.straggler_factor * median)
 
-    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal failed_rounds, state
-        message = algorithm.broadcast(cfg.seed, state, settings, client_weights)
-        values, tensors = wire.encode_message(cfg, message, num_total)
-        config = ConfigRecord(values)
-        arrays = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
-        drawn = by_partition
-        if message.clients is not None:  # partial participation: only the drawn nodes
-            drawn = [by_partition[int(i)] for i in message.clients]
-        content = {nid: RecordDict({"arrays": arrays, "config": config}) for nid in drawn}
-        bytes_down = sum(_record_bytes(c) for c in content.values())
+class RoundServer:
+    """The Flower backend of a synchronous federated run: each round, the algorithm's
+    Broadcast goes to the round's clients, their replies are validated and stacked in
+    partition order, and `fedhmc.algorithms.federated.finish` combines them by the
+    algorithm's rule (the function the engine's ``step`` ends with). θ̄ is the algorithm's
+    state's."""
+
+    name = "flower"
+
+    def __init__(self, cfg: RunConfig, started: Started, model, dim: int):
+        import torch
+
+        from fedhmc.algorithms import registry
+        from fedhmc.runtime.problem import initial_position, torch_dtype
+
+        self.cfg, self.exchange = cfg, started.exchange
+        self.device = torch.device(cfg.device)
+        self.sizes = started.sizes()  # {node: (partition id, n_c)}
+        self.num_total = sum(n for _, n in self.sizes.values())
+        # The clients' weights in partition order, as the engine's target holds them: under
+        # partial participation the round's clients are drawn from these.
+        self.by_partition = sorted(self.sizes, key=lambda nid: self.sizes[nid][0])
+        counts = [self.sizes[nid][1] for nid in self.by_partition]
+        self.weights = torch.tensor(counts, dtype=torch.float64, device=self.device)
+        self.weights = self.weights / self.num_total
+        self.algorithm, self.settings = registry.algorithm_of(cfg)
+        self.shape, self.dtype = (cfg.chains, dim), torch_dtype(cfg)
+        theta0 = initial_position(model, dim, cfg, device=self.device)
+        self.state = self.algorithm.init(theta0, self.settings)
+        self.failed_rounds = 0
+        self.durations: list[float] = []  # of the complete rounds so far
+
+    @property
+    def position(self):
+        return self.state.position
+
+    def round(self, r: int) -> RoundStats:
+        """Round ``r``: send, collect, validate, combine."""
+        from fedhmc.algorithms import federated
+        from fedhmc.runtime.engine import RoundStats
+
+        message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)
+        content = self._messages(message)
         t0 = time.monotonic()
-        ok, failed = exchange(
-            content, MessageType.TRAIN, str(r), cfg.round_timeout, straggler_deadline()
+        ok, failed = self.exchange(
+            content, MessageType.TRAIN, str(r), self.cfg.round_timeout, self._deadline()
         )
         if not failed:  # a complete round: what the straggler deadline is measured on
-            durations.append(time.monotonic() - t0)
-        accepted, bytes_up, nonfinite, energy_errors = [], 0, 0, []
+            self.durations.append(time.monotonic() - t0)
+        replies = self._accept(ok, failed, r)
+        self._check_failures(failed, r)
+        stats = RoundStats(
+            grad_evals=sum(rep.grad_evals for _, _, rep in replies.accepted),
+            finite=True,
+            clients=len(replies.accepted),
+            failed=len(failed),
+            bytes_down=sum(_record_bytes(c) for c in content.values()),
+            bytes_up=replies.bytes_up,
+        )
+        if not replies.accepted:
+            stats.finite = replies.nonfinite < len(content)  # every client diverged: the chain
+            if stats.finite:
+                self._no_reply(failed, r)
+        update, weights, replied = self._stacked(message, replies.accepted)
+        self.state, info = federated.finish(
+            self.algorithm, self.state, self.settings, message, update, weights, replied
+        )
+        if info is not None:
+            stats.finite, stats.energy_error = info.finite, info.energy_error
+        return stats
+
+    def _deadline(self) -> float | None:
+        """factor × the median of the last 10 complete rounds, at least the floor; None
+        before any complete round or when off."""
+        cfg = self.cfg
+        if cfg.straggler_factor <= 0 or not self.durations:
+            return None
+        recent = sorted(self.durations[-10:])
+        return max(cfg.straggler_floor, cfg.straggler_factor * recent[len(recent) // 2])
+
+    def _messages(self, message) -> dict:
+        """{node: the round's message} of the round's clients (under partial participation,
+        only the drawn ones)."""
+        from fedhmc.runtime import wire
+
+        values, tensors = wire.encode_message(self.cfg, message, self.num_total)
+        config = ConfigRecord(values)
+        arrays = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
+        drawn = self.by_partition
+        if message.client_ids is not None:
+            drawn = [self.by_partition[int(i)] for i in message.client_ids]
+        return {nid: RecordDict({"arrays": arrays, "config": config}) for nid in drawn}
+
+    def _accept(self, ok: dict, failed: dict, r: int) -> Replies:
+        """The valid replies as (partition id, n_c, ClientUpdate), in partition order; an
+        invalid one joins ``failed`` with its reason."""
+        from fedhmc.core.aggregate import ReplyError
+        from fedhmc.runtime import wire
+
+        out = Replies()
+        up = wire.reply_names(self.cfg, r)
         for nid, rep in ok.items():
-            bytes_up += _record_bytes(rep.content)
-            pid, assigned = sizes[nid]
+            out.bytes_up += _record_bytes(rep.content)
             try:
-                m = rep.content["metrics"]
-                arrs = {k: v.numpy() for k, v in rep.content["arrays"].items()}
-                got = validate_reply(
-                    arrs,
-                    _as_int(m.get("num-examples")),
-                    shape=shape,
-                    dtype=dtype,
-                    max_examples=assigned,
-                    keys=keys,
-                )
+                out.accepted.append(self._update(rep.content, self.sizes[nid], up))
             except (ReplyError, KeyError, TypeError, ValueError) as e:
                 failed[nid] = f"rejected reply: {e}"
-                nonfinite += "non-finite" in str(e)
-                continue
+                out.nonfinite += "non-finite" in str(e)
+        out.accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
+        return out
 
-            rows = {k: torch.as_tensor(v, device=device).unsqueeze(1) for k, v in got.items()}
-            update = ClientUpdate(
-                rows["theta"], momentum=rows.get("momentum"), local_grad=rows.get("grad")
-            )
-            accepted.append((pid, int(m["num-examples"]), update))
-            de = m.get("energy-error")
-            if isinstance(de, (int, float)):
-                energy_errors.append((pid, float(de)))
-        # The user's module failed (its error code): every round would fail alike.
+    def _update(self, content, size: tuple[int, int], up: tuple[str, ...]):
+        """(partition id, n_c, the client's ClientUpdate) of one reply, validated."""
+        import torch
+
+        from fedhmc.core.aggregate import ReplyError, validate_reply
+        from fedhmc.runtime import wire
+
+        pid, assigned = size
+        m = content["metrics"]
+        arrays = {k: v.numpy() for k, v in content["arrays"].items()}
+        n_c = _as_int(m.get("num-examples"))
+        got = validate_reply(
+            arrays, n_c, shape=self.shape, dtype=self.dtype, max_examples=assigned, keys=up
+        )
+        evals = m.get("grad-evals")
+        if isinstance(evals, bool) or not isinstance(evals, int) or evals < 0:
+            raise ReplyError(f"grad-evals must be an integer ≥ 0, got {evals!r}")
+        health = {  # the client's energy and mean |ΔH|, (1, 1) each, where it sends them
+            f: torch.tensor([[_as_float(m[k])]], dtype=torch.float64, device=self.device)
+            for k, f in (("energy", "energy"), ("energy-error", "energy_error"))
+            if k in m
+        }
+        update = wire.decode_reply(got, self.device, grad_evals=evals, **health)
+        return pid, int(n_c), update
+
+    def _check_failures(self, failed: dict, r: int) -> None:
+        """Stop the run where a failure says every round would fail alike (the user's
+        module's error), or where ``--on-failure stop`` says so; else log each."""
+        from fedhmc.runtime import wire
+
         model_failed = f"error {wire.MODEL_ERROR_CODE}: "
         for why in failed.values():
             if why.startswith(model_failed):
                 raise ModelError(f"round {r}: on a client, {why[len(model_failed) :]}")
         for nid, why in failed.items():
-            log.warning("round %d: client %s (partition %s) failed: %s", r, nid, sizes[nid][0], why)
-        if failed and cfg.on_failure == "stop":
+            log.warning(
+                "round %d: client %s (partition %s) failed: %s", r, nid, self.sizes[nid][0], why
+            )
+        if failed and self.cfg.on_failure == "stop":
             nid, why = next(iter(failed.items()))
             raise FedHMCError(
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
-        evals = settings.evals_in_round(r) + (1 if anchored else 0)
-        stats = RoundStats(
-            grad_evals=len(accepted) * evals * cfg.chains,
-            finite=True,
-            clients=len(accepted),
-            failed=len(failed),
-            bytes_down=bytes_down,
-            bytes_up=bytes_up,
+
+    def _no_reply(self, failed: dict, r: int) -> None:
+        """A round with no valid reply: skipped, unless ``--max-failed-rounds`` such rounds
+        in a row end the run."""
+        self.failed_rounds += 1
+        if self.failed_rounds < self.cfg.max_failed_rounds:
+            return
+        first = ""
+        if failed:  # the first failure's reason: often every client's
+            nid, why = next(iter(failed.items()))
+            first = f" (client {nid}, partition {self.sizes[nid][0]}: {why})"
+        raise FedHMCError(
+            f"round {r}: no valid client reply in {self.failed_rounds} rounds{first}; "
+            "see the log for each client's failure"
         )
-        if energy_errors:
-            energy_errors.sort()
-            stats.energy_error = sum(e for _, e in energy_errors) / len(energy_errors)
+
+    def _stacked(self, message, accepted: list):
+        """(update, weights, replied) of the accepted replies for ``federated.finish``:
+        the stacked update (None: no reply), their n_c, and under partial participation
+        the mask of the drawn clients that replied."""
+        import torch
+
+        from fedhmc.algorithms.fahmc import stack_updates
+
         if not accepted:
-            if nonfinite == len(drawn):  # every client diverged: that is the chain diverging
-                stats.finite = False
-                return theta_bar, stats
-            failed_rounds += 1
-            if failed_rounds >= cfg.max_failed_rounds:
-                first = ""
-                if failed:  # the first failure's reason: often every client's
-                    nid, why = next(iter(failed.items()))
-                    first = f" (client {nid}, partition {sizes[nid][0]}: {why})"
-                raise FedHMCError(
-                    f"round {r}: no valid client reply in {failed_rounds} rounds{first}; "
-                    "see the log for each client's failure"
-                )
-            state = algorithm.skip(state, settings)
-            return state.position, stats
-        accepted.sort(key=lambda a: a[0])  # partition order, as the engine sums
+            return None, None, None
         update = stack_updates([a[2] for a in accepted])
-        if message.clients is None:
-            weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64, device=device)
-            state, _ = algorithm.server_update(state, update, weights, settings)
-        else:  # the scheme's coefficients, rescaled over the drawn clients that replied
-            replied = {a[0] for a in accepted}
-            kept = torch.tensor([int(c) in replied for c in message.clients], device=device)
-            coefficients = participation.renormalized(message.coefficients, kept)
-            state, _ = algorithm.server_update(state, update, coefficients, settings, exact=True)
-        return state.position, stats
+        weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64, device=self.device)
+        replied = None
+        if message.client_ids is not None:
+            ids = {a[0] for a in accepted}
+            replied = torch.tensor([int(c) in ids for c in message.client_ids], device=self.device)
+        return update, weights, replied
 
-    def get_state() -> dict:
-        return {"state": checkpoint.state_dict(state), "failed_rounds": failed_rounds}
+    def state_dict(self) -> dict:
+        from fedhmc.runtime import checkpoint
 
-    def set_state(saved: dict) -> None:
-        nonlocal state, failed_rounds
-        state = checkpoint.state_from_dict(saved.get("state"), type(state), device)
-        failed_rounds = int(saved.get("failed_rounds", 0))
+        return {"state": checkpoint.state_dict(self.state), "failed_rounds": self.failed_rounds}
 
-    return run_loop(
-        cfg,
-        evaluator,
-        theta0,
-        round_fn,
-        backend_state=(get_state, set_state),
-        summary_extra=lambda: {"late_replies": len(exchange.late_replies)},
-        dim=dim,
-        num_clients=len(sizes),
-        description=description,
-        backend="flower",
-        progress=progress,
-        on_round=on_round,
-    )
+    def load_state_dict(self, saved: dict) -> None:
+        from fedhmc.runtime import checkpoint
+
+        self.state = checkpoint.state_from_dict(saved.get("state"), type(self.state), self.device)
+        self.failed_rounds = int(saved.get("failed_rounds", 0))
+
+    def summary(self) -> dict:
+        return {"late_replies": len(self.exchange.late_replies)}
+
+
+@dataclass
+class Replies:
+    """A round's valid replies (partition id, n_c, ClientUpdate), the bytes of every reply,
+    and how many were rejected as non-finite."""
+
+    accepted: list = field(default_factory=list)
+    bytes_up: int = 0
+    nonfinite: int = 0

@@ -16,8 +16,9 @@ import threading
 import warnings
 
 from fedhmc.algorithms import registry
+from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import MODELS, RunConfig
-from fedhmc.runtime.engine import RunResult, prepare
+from fedhmc.runtime.engine import RunResult
 
 
 def flower_environment(home: str | None = None) -> None:
@@ -50,14 +51,62 @@ def _hard_stop(signum: int) -> None:
     os._exit(128 + int(signum))
 
 
-def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunResult:
+def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=None) -> RunResult:
     """Run ``cfg`` through Flower's simulation engine.
 
-    It writes the same files as `fedhmc.runtime.engine.run`.
-
-    ``client_app`` replaces the ClientApp (tests use it to inject failures).
+    It writes the same files as `fedhmc.runtime.engine.run`. ``on_round`` is called with
+    each round's metrics row; ``client_app`` replaces the ClientApp (tests use it to
+    inject failures).
     """
     flower_environment()
+    cfg = _checked_before_start(cfg)
+    from fedhmc_clients.app import make_client_app
+    from fedhmc_clients.compute import COLOCATED_KEY
+    from fedhmc_server.app import make_server_app
+    from flwr.simulation import run_simulation
+
+    result: dict = {}
+    server = make_server_app(cfg, result, on_round)
+    from fedhmc.runtime.engine import StopRequest
+
+    StopRequest.signum = None
+    on_signal = _stop_on_signal(progress)
+    old_handlers = {}
+    if threading.current_thread() is threading.main_thread():
+        for sig in (signal.SIGINT, signal.SIGTERM):
+            old_handlers[sig] = signal.signal(sig, on_signal)
+    # The virtual clients share this machine: plain FA-HMC (and FA-LD, FA-HMC with K = 1)
+    # computes each round in one batch, in one Ray worker with every core and, under
+    # --device cuda, a GPU (fedhmc_clients.task.colocated_update; the resources:
+    # client_resources).
+    colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
+    client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
+    logging.getLogger("flwr").setLevel(logging.ERROR)
+    from fedhmc_server.reaper import start_reaper
+
+    reaper = start_reaper()  # Ray's processes end with this one, even under kill -9
+
+    def simulate() -> None:
+        _simulate(run_simulation, server, client, cfg, colocated)
+
+    try:
+        if old_handlers:
+            _run_keeping_handlers(simulate, old_handlers, on_signal)
+        else:
+            simulate()
+    finally:
+        _clean_up(old_handlers, reaper)
+    if "error" in result:
+        raise result["error"]
+    if "result" not in result:
+        raise RuntimeError("the Flower simulation ended without a result; see its log")
+    return result["result"]
+
+
+def _checked_before_start(cfg: RunConfig) -> RunConfig:
+    """``cfg`` prepared, with the checks that can fail done before Ray starts: the run
+    config the apps rebuild the run from, a resume's checkpoint, and a user's model (made
+    importable in Ray's workers)."""
     cfg = prepare(cfg)
     cfg.to_run_config()  # one line, before start-up, if the apps could not rebuild the run
     if cfg.resume:  # the checkpoint's checks too, before Ray starts (they take seconds)
@@ -73,17 +122,13 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
         from fedhmc.runtime.problem import build_evaluator
 
         build_evaluator(cfg)  # a module that cannot be sampled is refused now, in one line
-    from fedhmc_clients.app import make_client_app
-    from fedhmc_clients.compute import COLOCATED_KEY
-    from fedhmc_server.app import make_server_app
-    from flwr.simulation import run_simulation
+    return cfg
 
-    result: dict = {}
-    server = make_server_app(cfg, result)
+
+def _stop_on_signal(progress: bool):
+    """The SIGINT/SIGTERM handler: the first signal stops the run after this round (said
+    on stderr when ``progress``), a second one at once (`_hard_stop`)."""
     from fedhmc.runtime.engine import StopRequest, request_stop
-
-    StopRequest.signum = None
-    old_handlers = {}
 
     def on_signal(signum, frame):
         if StopRequest.signum is not None:  # a second signal: stop at once
@@ -96,56 +141,44 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None) -> RunRes
                 flush=True,
             )
 
-    if threading.current_thread() is threading.main_thread():
-        for sig in (signal.SIGINT, signal.SIGTERM):
-            old_handlers[sig] = signal.signal(sig, on_signal)
-    # The virtual clients share this machine: plain FA-HMC (and FA-LD, FA-HMC with K = 1)
-    # computes each round in one batch, in one Ray worker with every core and, under
-    # --device cuda, a GPU (fedhmc_clients.task.colocated_update; the resources:
-    # client_resources).
-    colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
-    client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
-    logging.getLogger("flwr").setLevel(logging.ERROR)
-    from fedhmc_server.reaper import start_reaper
+    return on_signal
 
-    reaper = start_reaper()  # Ray's processes end with this one, even under kill -9
-    try:
-        if old_handlers:
-            # Run the simulation in a thread of its own so that this (main) thread keeps
-            # the signal handlers: Ray installs its own SIGTERM handler when started from
-            # the main thread, which would abort the run mid-round.
-            failure: list[BaseException] = []
 
-            def body() -> None:
-                try:
-                    _simulate(run_simulation, server, client, cfg, colocated)
-                except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
-                    failure.append(e)
+def _run_keeping_handlers(simulate, old_handlers: dict, on_signal) -> None:
+    """Run ``simulate`` in a thread of its own so that this (main) thread keeps the signal
+    handlers: Ray installs its own SIGTERM handler when started from the main thread, which
+    would abort the run mid-round. What ``simulate`` raises is raised here."""
+    failure: list[BaseException] = []
 
-            worker = threading.Thread(target=body, name="flower-simulation", daemon=True)
-            worker.start()
-            while worker.is_alive():
-                worker.join(timeout=0.2)
-                # Ray's native code installs handlers of its own once it has started;
-                # take SIGINT and SIGTERM back (a cheap call).
-                for sig in old_handlers:
-                    signal.signal(sig, on_signal)
-            if failure:
-                raise failure[0]
-        else:
-            _simulate(run_simulation, server, client, cfg, colocated)
-    finally:
-        for sig, handler in old_handlers.items():
-            signal.signal(sig, handler)
-        StopRequest.signum = None
-        if reaper is not None:  # the run ended here: nothing for the watchdog to do
-            reaper.kill()
-            reaper.wait()
-    if "error" in result:
-        raise result["error"]
-    if "result" not in result:
-        raise RuntimeError("the Flower simulation ended without a result; see its log")
-    return result["result"]
+    def body() -> None:
+        try:
+            simulate()
+        except BaseException as e:  # noqa: BLE001 - re-raised in the main thread
+            failure.append(e)
+
+    worker = threading.Thread(target=body, name="flower-simulation", daemon=True)
+    worker.start()
+    while worker.is_alive():
+        worker.join(timeout=0.2)
+        # Ray's native code installs handlers of its own once it has started;
+        # take SIGINT and SIGTERM back (a cheap call).
+        for sig in old_handlers:
+            signal.signal(sig, on_signal)
+    if failure:
+        raise failure[0]
+
+
+def _clean_up(old_handlers: dict, reaper) -> None:
+    """After the run: the old signal handlers back, no stop pending, and the reaper (Ray's
+    watchdog) ended."""
+    from fedhmc.runtime.engine import StopRequest
+
+    for sig, handler in old_handlers.items():
+        signal.signal(sig, handler)
+    StopRequest.signum = None
+    if reaper is not None:  # the run ended here: nothing for the watchdog to do
+        reaper.kill()
+        reaper.wait()
 
 
 def on_cuda(device: str) -> bool:

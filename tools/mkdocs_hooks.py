@@ -1,10 +1,11 @@
 """MkDocs hooks of the documentation site (``hooks:`` in mkdocs.yml).
 
-A page line ``<!-- runconfig-options -->`` becomes the table of every ``RunConfig`` option:
-its name in Python and on the command line, its default and its meaning, taken from the
-fields' metadata (``help``, ``choices``) and grouped under the section comments of the class
-body (``# Sampler``, ``# Run``, ...). The table is built from the code at every build, so it
-cannot drift from the options that exist.
+A page line ``<!-- algorithms -->`` becomes the table of ``--algorithm``'s choices, read
+from the algorithm registry. A page line ``<!-- runconfig-options -->`` becomes the table of
+every ``RunConfig`` option: its name in Python and on the command line, its default and its
+meaning, taken from the fields' metadata (``help``, ``choices``) and grouped under the
+section comments of the class body (``# Sampler``, ``# Run``, ...). The table is built from
+the code at every build, so it cannot drift from the options that exist.
 
 The command-line page is made the same way from the ``argparse`` parsers of ``fedhmc``
 (``fedhmc.cli.main.build_parser``): ``<!-- cli-commands -->`` becomes the table of the
@@ -29,6 +30,7 @@ import logging
 import re
 
 MARKER = "<!-- runconfig-options -->"
+ALGORITHMS = "<!-- algorithms -->"
 CLI_COMMANDS = "<!-- cli-commands -->"
 CLI_OPTIONS = re.compile(r"^<!-- cli-options: ([a-z-]+) -->$", re.M)
 
@@ -231,11 +233,32 @@ def expand_cli(markdown: str) -> tuple[str, list[str]]:
 _GENERATED_TABLE = re.compile(r"^results/(paper-[^/]+/paper_[^/]+|benchmarks/\d{8}T\d{6}Z)\.md$")
 
 
+def algorithms_table() -> str:
+    """The table of ``--algorithm``'s choices, from ``fedhmc.algorithms.registry``: what each
+    is, where it runs, and its protocols and partial participation."""
+    from fedhmc.algorithms import registry
+
+    rows = [
+        "| `--algorithm` | what | where it runs | `--protocol` | partial participation |",
+        "|---|---|---|---|---|",
+    ]
+    where = {"engine": "engine", "flower": "Flower"}
+    for e in registry.ENTRIES:
+        name = f"`{e.name}`" + (" (default)" if e.name == registry.DEFAULT_ALGORITHM else "")
+        runs = ", ".join(where[b] for b in e.backends)
+        protocols = ", ".join(f"`{p}`" for p in e.protocols)
+        partial = "yes" if e.partial_participation else "no"
+        rows.append(f"| {name} | {_cell(e.summary)} | {runs} | {protocols} | {partial} |")
+    return "\n".join(rows)
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
     if _GENERATED_TABLE.match(page.file.src_uri):
         page.meta.setdefault("hide", ["navigation", "toc"])
     if MARKER in markdown:
         markdown = markdown.replace(MARKER, options_table())
+    if ALGORITHMS in markdown:
+        markdown = markdown.replace(ALGORITHMS, algorithms_table())
     if CLI_COMMANDS in markdown or CLI_OPTIONS.search(markdown):
         markdown, problems = expand_cli(markdown)
         for problem in problems:

@@ -21,8 +21,10 @@ ServerApp (``fedhmc_server.async_loop``) drives, one per server.
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -146,13 +148,10 @@ class AsyncChain:
             self.dropped_staleness[tau] += 1
             stats.dropped += 1
             return False
-        new, _ = step(
-            self.seed,
-            State(self.theta, self.momentum, self.t, self.chain),
-            Received(grad, sent_t),
-            self.settings,
-        )
-        self.theta, self.momentum, self.t = new.position, new.momentum, new.step
+        # Only gradients it applies reach ``step``: its calls so far are its t updates.
+        now = State(self.theta, self.momentum, round=self.t, timestamp=self.t, chain=self.chain)
+        new, _ = step(self.seed, now, Received(grad, sent_t), self.settings)
+        self.theta, self.momentum, self.t = new.position, new.momentum, new.timestamp
         stats.applied += 1
         if self.snapshot_every and self.t % self.snapshot_every == 0:
             self.snapshots[self.t // self.snapshot_every] = self.theta.clone()
@@ -185,56 +184,85 @@ class AsyncChain:
         return sum(self.dropped_staleness.values())
 
 
+def _timestamp_of_saved_step(t: int, settings=None) -> dict:
+    """An earlier version's saved ``step``: the timestamp t. Its ``step`` calls that dropped
+    a gradient left no trace, so ``round`` is read as the t calls that applied one."""
+    return {"timestamp": t, "round": t}
+
+
 @dataclass(frozen=True)
 class State:
-    """One asynchronous chain: position θ (D,), momentum q (D,), timestamp ``step`` (the
-    number of updates applied) and the chain's index among the run's chains."""
+    """One asynchronous chain: position θ (D,), momentum q (D,), the ``step`` calls so far
+    (``round``: one per arriving gradient, applied or dropped), the timestamp t (the updates
+    applied) and the chain's index among the run's chains."""
 
     position: torch.Tensor
     momentum: torch.Tensor
-    step: int = 0
+    round: int = 0
+    timestamp: int = 0
     chain: int = 0
+
+    RENAMED: ClassVar[dict] = {"step": _timestamp_of_saved_step}
+    """Checkpoints of earlier versions saved the timestamp as ``step``."""
 
 
 @dataclass(frozen=True)
 class Info:
-    """What ``step`` did with one arriving gradient: applied or dropped, its staleness
-    t_now − t_sent, and the gradient evaluations it represents (1, or 0 if dropped)."""
+    """What ``step`` did with one arriving gradient.
+
+    Attributes
+    ----------
+    applied
+        Whether it was applied (False: dropped as too stale).
+    staleness
+        t_now − t_sent.
+    grad_evals
+        The gradient evaluations that entered: 1, or 0 if dropped.
+    finite
+        Whether the new position and momentum are finite (True if dropped).
+    clients
+        The workers whose gradient entered: 1, or 0 if dropped.
+    energy_error
+        None: an Euler step has no leapfrog trajectory.
+    """
 
     applied: bool
     staleness: int
-
-    @property
-    def grad_evals(self) -> int:
-        return int(self.applied)
+    grad_evals: int
+    finite: bool
+    clients: int
+    energy_error: float | None = None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
     """A chain at ``position`` (D,) with zero momentum and t = 0."""
-    return State(position.clone(), torch.zeros_like(position), 0)
+    return State(position.clone(), torch.zeros_like(position))
 
 
-def step(key: int, state: State, target: Received, settings: Settings) -> tuple[State, Info]:
+def step(seed: int, state: State, target: Received, settings: Settings) -> tuple[State, Info]:
     """Apply one arriving gradient: ``target`` is the worker's reply
     (``oracles.Received(gradient, sent)``), computed at the θ of timestamp ``sent``.
 
-    A gradient staler than ``settings.max_staleness`` is dropped (the state is returned
-    unchanged). ``key`` is the run seed: the noise of step t is the chain's stale-gradient
-    noise stream (``stale.chain_keys(key, …)[state.chain]``) at t.
+    A gradient staler than ``settings.max_staleness`` is dropped (only ``round`` advances).
+    ``seed`` is the run seed: the noise of update t is the chain's stale-gradient noise
+    stream (``stale.chain_keys(seed, …)[state.chain]``) at t = ``state.timestamp``.
     """
-    tau = state.step - target.sent
+    t = state.timestamp
+    tau = t - target.sent
     if tau > settings.max_staleness:
-        return state, Info(False, tau)
+        return dataclasses.replace(state, round=state.round + 1), Info(False, tau, 0, True, 0)
     position = state.position
-    g, _ = target.grad(position.view(1, 1, -1), None, state.step, False)
+    g, _ = target.grad(position.view(1, 1, -1), None, t, False)
     g = gradients.tempered(g.view(position.shape), settings.temperature)  # as stale
-    chain_key = stale.chain_keys(key, torch.tensor([state.chain], device=position.device))
+    chain_key = stale.chain_keys(seed, torch.tensor([state.chain], device=position.device))
     noise_key = rng.derive(chain_key.reshape(1), STREAM_STALE_NOISE)
-    zeta = rng.normal(noise_key, state.step, position.shape[-1], position.dtype)[0]
+    zeta = rng.normal(noise_key, t, position.shape[-1], position.dtype)[0]
     theta, momentum = euler_step(
         settings.method, position, state.momentum, g, zeta, settings.step_size, settings.friction
     )
-    return State(theta, momentum, state.step + 1, state.chain), Info(True, tau)
+    finite = bool(torch.isfinite(theta).all() & torch.isfinite(momentum).all())
+    new = State(theta, momentum, round=state.round + 1, timestamp=t + 1, chain=state.chain)
+    return new, Info(True, tau, 1, finite, 1)
 
 
 def staleness_rows(chains: list[AsyncChain]) -> list[dict]:

@@ -20,14 +20,25 @@ Info types.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms import fahmc
-from fedhmc.algorithms.fahmc import Broadcast, ClientUpdate, Info, skip
+from fedhmc.algorithms import fahmc, federated
+from fedhmc.algorithms.fahmc import (
+    Broadcast,
+    ClientUpdate,
+    Coefficients,
+    Info,
+    Layout,
+    Weights,
+    average,
+    combination,
+    skip,
+)
 from fedhmc.core import rng
-from fedhmc.core.aggregate import weighted_average
+from fedhmc.errors import ConfigError
 
 __all__ = [
     "Broadcast",
@@ -38,7 +49,11 @@ __all__ = [
     "anchor_gradient",
     "broadcast",
     "client_update",
+    "combination",
     "init",
+    "kept_by_client",
+    "kept_by_server",
+    "layout",
     "server_update",
     "skip",
     "step",
@@ -57,6 +72,13 @@ class Settings(fahmc.Settings):
     """
 
     anchor_batch_size: int = 0
+
+    def __post_init__(self):
+        super().__post_init__()
+        if not fahmc._whole(self.anchor_batch_size, 0):
+            raise ConfigError(
+                f"anchor batch size must be an integer ≥ 0, got {self.anchor_batch_size}"
+            )
 
 
 def anchor_keys(client_seeds: torch.Tensor, round_: int, chains: torch.Tensor) -> torch.Tensor:
@@ -100,7 +122,7 @@ def init(position: torch.Tensor, settings: Settings) -> State:
 
 
 def broadcast(
-    key: int, state: State, settings: Settings, weights: torch.Tensor | None = None
+    seed: int, state: State, settings: Settings, weights: torch.Tensor | None = None
 ) -> Broadcast:
     """FA-HMC's message plus the anchor θ_a and ∇f(θ_a) from round 2 on. Every client
     takes part in every round (the anchor needs every client's gradient), so ``weights``,
@@ -108,12 +130,19 @@ def broadcast(
     r = state.round + 1
     return Broadcast(
         round=r,
-        round_seed=fahmc.round_seed(key, r),
+        round_seed=federated.round_seed(seed, r),
         position=state.position,
         anchor_round=state.anchor_round,
         anchor_position=state.anchor_position,
         anchor_grad=state.anchor_grad,
     )
+
+
+def layout(settings: Settings, round_: int) -> Layout:
+    """θ̄ down, with θ_a and ∇f(θ_a) from round 2 on; each client's position and its local
+    gradient up."""
+    down = ("position", "anchor_position", "anchor_grad") if round_ > 1 else ("position",)
+    return Layout(down, ("position", "local_grad"))
 
 
 def client_update(
@@ -148,26 +177,41 @@ def client_update(
 
 
 def server_update(
-    state: State, update: ClientUpdate, weights: torch.Tensor, settings: Settings
+    state: State, update: ClientUpdate, how: Weights | Coefficients, settings: Settings
 ) -> tuple[State, Info]:
-    """FA-HMC's average; the θ̄ just sent becomes the anchor, with ∇f there the weighted
-    average of the clients' local gradients."""
+    """FA-HMC's average; the θ̄ just sent becomes the anchor, with ∇f there the average of
+    the clients' local gradients, combined as the positions are."""
     plain = fahmc.State(state.position, state.round)
-    new, info = fahmc.server_update(plain, update, weights, settings)
+    new, info = fahmc.server_update(plain, update, how, settings)
     return State(
         new.position,
         new.round,
         anchor_round=new.round,
         anchor_position=state.position,
-        anchor_grad=weighted_average(update.local_grad, weights),
+        anchor_grad=average(update.local_grad, how),
         anchor_local=update.local_grad,
     ), info
 
 
-def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
-    """One round of debiased FA-HMC, every client and chain batched (``key``: the run
-    seed)."""
-    message = broadcast(key, state, settings, target.weights)
-    seeds = fahmc.client_seeds(key, target.num_clients, state.position.device)
-    update = client_update(message, target, settings, seeds, anchor_local=state.anchor_local)
-    return server_update(state, update, target.weights, settings)
+def kept_by_server(state: State) -> dict:
+    """The batched clients' local gradients at θ_a, as their last updates carried them."""
+    return {"anchor_local": state.anchor_local}
+
+
+def kept_by_client(message: Broadcast, last) -> dict:
+    """A client process's local gradient at θ_a when its last round ``last`` (its
+    (message, update), or None) was the round that sent θ_a: the same value it would
+    recompute."""
+    if last is None or message.anchor_position is None:
+        return {}
+    sent, update = last
+    if sent.round != message.anchor_round or not torch.equal(
+        sent.position, message.anchor_position
+    ):
+        return {}
+    return {"anchor_local": update.local_grad}
+
+
+def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """One round of debiased FA-HMC, every client and chain batched (``seed``: the run's)."""
+    return federated.step(sys.modules[__name__], seed, state, target, settings)

@@ -31,16 +31,26 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import sys
 from dataclasses import dataclass
 
 import torch
 
-from fedhmc.core import gradients, participation, rng
+from fedhmc.algorithms import federated
+from fedhmc.algorithms.federated import (
+    Coefficients,
+    Layout,
+    Weights,
+    client_seed,
+    client_seeds,
+    round_clients,
+    round_seed,
+)
+from fedhmc.core import SYNC_UNITS, gradients, participation, rng
 from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
-
-SYNC_UNITS = ("iteration", "leapfrog")
+from fedhmc.errors import ConfigError
 
 
 @dataclass(frozen=True)
@@ -119,14 +129,9 @@ class Settings:
     participation: str = "normalized"
 
     def __post_init__(self):
-        if self.participation not in participation.SCHEMES:
-            raise ValueError(
-                f"participation must be one of {participation.SCHEMES}, got {self.participation!r}"
-            )
-        if self.sync_unit not in SYNC_UNITS:
-            raise ValueError(f"sync_unit must be one of {SYNC_UNITS}, got {self.sync_unit!r}")
-        if self.restart and self.sync_unit != "leapfrog":
-            raise ValueError("restart needs sync_unit='leapfrog'")
+        why = _refusal(self)
+        if why is not None:
+            raise ConfigError(why)
 
     @property
     def leapfrog_sync(self) -> bool:
@@ -201,6 +206,33 @@ class Settings:
         return (round_ * T) % period == 0
 
 
+def _whole(x, least: int) -> bool:
+    return isinstance(x, int) and not isinstance(x, bool) and x >= least
+
+
+def _refusal(s: Settings) -> str | None:
+    """Why ``s`` cannot run, in one line, or None."""
+    if not (math.isfinite(s.step_size) and s.step_size > 0):
+        return f"step size η must be > 0, got {s.step_size}"
+    if not (_whole(s.leapfrog_steps, 1) and _whole(s.local_steps, 1)):
+        return f"K and T must be integers ≥ 1, got K={s.leapfrog_steps}, T={s.local_steps}"
+    if not 0.0 <= s.rho <= 1.0:
+        return f"ρ must be in [0, 1], got {s.rho}"
+    if not (math.isfinite(s.grad_noise) and s.grad_noise >= 0):
+        return f"gradient noise σ_g must be ≥ 0, got {s.grad_noise}"
+    if not (math.isfinite(s.temperature) and s.temperature > 0):
+        return f"temperature must be > 0, got {s.temperature}"
+    if s.sync_unit not in SYNC_UNITS:
+        return f"sync_unit must be one of {SYNC_UNITS}, got {s.sync_unit!r}"
+    if s.restart and s.sync_unit != "leapfrog":
+        return "restart needs sync_unit='leapfrog'"
+    if not (s.clients_per_round is None or _whole(s.clients_per_round, 1)):
+        return f"clients per round must be an integer ≥ 1, got {s.clients_per_round}"
+    if s.participation not in participation.SCHEMES:
+        return f"participation must be one of {participation.SCHEMES}, got {s.participation!r}"
+    return None
+
+
 def energy_error_sign(k: int, steps: int, fresh: bool) -> int:
     r"""The sign of $|g_k|^2$ in the leapfrog's energy error over one trajectory piece.
 
@@ -217,29 +249,6 @@ def energy_error_sign(k: int, steps: int, fresh: bool) -> int:
     """
     last = 2 * steps - 1 if fresh else steps
     return -1 if k == 0 else (1 if k == last else 0)
-
-
-def round_seed(seed: int, round_: int) -> int:
-    """The seed the server broadcasts in round ``round_`` (shared momentum)."""
-    return rng.derive_int(seed, rng.STREAM_ROUND, round_)
-
-
-def client_seed(seed: int, client: int) -> int:
-    """Client ``client``'s private seed (never sent over the network)."""
-    return rng.derive_int(seed, rng.STREAM_CLIENT, client)
-
-
-def client_seeds(seed: int, clients, device=None) -> torch.Tensor:
-    """The private seeds (N,) of clients ``clients`` (a count N: clients 0 … N−1, or their
-    ids): client c's is ``client_seed(seed, c)``, so a subset of clients draws what they
-    draw among all."""
-    if isinstance(clients, int):
-        ids = range(clients)
-    elif isinstance(clients, torch.Tensor):
-        ids = clients.tolist()  # one transfer, not one per client
-    else:
-        ids = [int(c) for c in clients]
-    return torch.tensor([client_seed(seed, c) for c in ids], dtype=torch.int64, device=device)
 
 
 def round_keys(
@@ -373,14 +382,14 @@ def local_iterations(
 
 # ------------------------------------------------------------------ the algorithm API
 #
-# One round is three functions, and every caller composes the same three:
+# One round is three functions, composed once (fedhmc.algorithms.federated):
 #
-#     message = broadcast(key, state, settings)                     the server
-#     update  = client_update(message, target, settings, seeds)     each client (or all)
-#     state, info = server_update(state, update, weights, settings) the server
+#     message = broadcast(seed, state, settings, weights)              the server
+#     update  = client_update(message, target, settings, seeds)        each client (or all)
+#     state, info = server_update(state, update, combination, settings) the server
 #
 # ``step`` is the three in a row with every client batched (the engine); the Flower
-# ServerApp calls ``broadcast`` and ``server_update`` around its messages, and each
+# ServerApp calls ``broadcast`` and ``federated.finish`` around its messages, and each
 # ClientApp calls ``client_update`` on its own data.
 
 
@@ -393,7 +402,7 @@ class Broadcast:
     round
         The round number r (1-based).
     round_seed
-        The seed of the round's shared momentum (``round_seed(key, r)``).
+        The seed of the round's shared momentum (``round_seed(seed, r)``).
     position
         θ̄ (S, D).
     momentum
@@ -404,10 +413,12 @@ class Broadcast:
     anchor_round, anchor_position, anchor_grad
         Debiased FA-HMC from round 2 on: the round in which the anchor θ_a was sent, θ_a
         (S, D) and the global gradient ∇f(θ_a) (S, D); None otherwise.
-    clients, coefficients
-        Under partial participation: the drawn clients (M,) in increasing order (only they
-        are sent the message) and their coefficients in the average; None when every client
-        takes part.
+    client_ids
+        Under partial participation: the ids of the drawn clients (M,) in increasing order
+        (only they are sent the message); None when every client takes part.
+    coefficients
+        Under partial participation: the drawn clients' coefficients (M,) in the average
+        (the server's: not sent); else None.
     """
 
     round: int
@@ -418,7 +429,7 @@ class Broadcast:
     anchor_round: int | None = None
     anchor_position: torch.Tensor | None = None
     anchor_grad: torch.Tensor | None = None
-    clients: torch.Tensor | None = None
+    client_ids: torch.Tensor | None = None
     coefficients: torch.Tensor | None = None
 
 
@@ -434,7 +445,8 @@ class ClientUpdate:
         The minibatch energy (S, M) of each chain and client at its last position, or None
         where the reply does not carry it.
     energy_error
-        The leapfrog's mean |ΔH| per trajectory (S, M) (a health check), or None.
+        The leapfrog's mean |ΔH| per trajectory (S, M) of each chain and client (a health
+        check), or None.
     grad_evals
         Gradient evaluations, summed over the M clients and S chains.
     momentum
@@ -477,34 +489,40 @@ class Info:
     Attributes
     ----------
     grad_evals
-        Client-gradient evaluations, summed over clients and chains.
+        Client-gradient evaluations, summed over clients and chains (the updates' own count).
+    finite
+        Whether every energy the clients reported is finite.
     clients
-        The clients whose updates entered the average.
+        How many clients' updates entered the average.
+    energy_error
+        The leapfrog's mean |ΔH| per trajectory over chains and clients, or None where the
+        clients did not report it.
     energy
         (S, M): the minibatch energy of each chain and client at its last position (None
         where the clients did not send it).
-    energy_error
-        (S, M): the leapfrog's mean |ΔH| per trajectory, or None.
     momentum
-        ``sync_unit="leapfrog"``: the w-weighted average of the clients' end momenta (S, D);
+        ``sync_unit="leapfrog"``: the averaged momentum of the clients' end momenta (S, D);
         else None.
     """
 
     grad_evals: int
+    finite: bool
     clients: int
+    energy_error: float | None = None
     energy: torch.Tensor | None = None
-    energy_error: torch.Tensor | None = None
     momentum: torch.Tensor | None = None
 
-    @property
-    def finite(self) -> bool:
-        """Whether every reported energy is finite."""
-        return self.energy is None or bool(torch.isfinite(self.energy).all())
 
-    @property
-    def mean_energy_error(self) -> float | None:
-        """Mean |ΔH| per trajectory over chains and clients (None if not reported)."""
-        return None if self.energy_error is None else float(self.energy_error.mean())
+def round_info(update: ClientUpdate, momentum: torch.Tensor | None = None) -> Info:
+    """The Info of a round whose clients replied with ``update``."""
+    return Info(
+        grad_evals=int(update.grad_evals),
+        finite=update.energy is None or bool(torch.isfinite(update.energy).all()),
+        clients=int(update.position.shape[1]),
+        energy_error=None if update.energy_error is None else float(update.energy_error.mean()),
+        energy=update.energy,
+        momentum=momentum,
+    )
 
 
 @dataclass(frozen=True)
@@ -529,33 +547,47 @@ def init(position: torch.Tensor, settings: Settings) -> State:
 
 
 def broadcast(
-    key: int, state: State, settings: Settings, weights: torch.Tensor | None = None
+    seed: int, state: State, settings: Settings, weights: torch.Tensor | None = None
 ) -> Broadcast:
-    """What the server sends in round ``state.round + 1`` of run ``key`` (the run seed).
+    """What the server sends in round ``state.round + 1`` of run ``seed``.
 
     Under partial participation (``settings.clients_per_round``) it also draws the round's
     clients from the clients' ``weights`` (N,) (w_c or n_c), with their coefficients; with
     S = N and the ``uniform`` or ``normalized`` scheme every client takes part, as without.
     """
     r = state.round + 1
-    clients = coefficients = None
+    client_ids = coefficients = None
     S = settings.clients_per_round
     if S is not None:
         if weights is None:
             raise ValueError("partial participation draws its clients from their weights")
         full = S == int(weights.shape[0]) and settings.participation != "weighted"
         if not full:
-            d = participation.draw(key, r, weights, S, settings.participation)
-            clients, coefficients = d.clients, d.coefficients
+            d = participation.draw(seed, r, weights, S, settings.participation)
+            client_ids, coefficients = d.clients, d.coefficients
     return Broadcast(
         round=r,
-        round_seed=round_seed(key, r),
+        round_seed=round_seed(seed, r),
         position=state.position,
         momentum=state.momentum if settings.starts_mid_trajectory(r) else None,
         origin=state.origin if settings.restart else None,
-        clients=clients,
+        client_ids=client_ids,
         coefficients=coefficients,
     )
+
+
+def layout(settings: Settings, round_: int) -> Layout:
+    """The arrays of round ``round_``: θ̄ down and each client's position up; under
+    ``sync_unit="leapfrog"`` the momenta both ways (down only when the round continues a
+    trajectory) and the origin X₀ down under ``restart``."""
+    down, up = ["position"], ["position"]
+    if settings.leapfrog_sync:
+        if settings.starts_mid_trajectory(round_):
+            down.append("momentum")
+        if settings.restart:
+            down.append("origin")
+        up.append("momentum")
+    return Layout(tuple(down), tuple(up))
 
 
 def client_update(
@@ -637,37 +669,40 @@ def client_update(
     )
 
 
+def combination(
+    message: Broadcast, weights: torch.Tensor | None, replied: torch.Tensor | None = None
+) -> Weights | Coefficients:
+    """How the replies of ``message``'s round combine: with every client sent the message,
+    their ``weights`` (n_c or w_c of the clients that replied), renormalised over them;
+    under partial participation, the scheme's coefficients of the drawn clients that
+    replied (``replied``: their mask; None: all), rescaled so that the round's total stays
+    what the scheme gave."""
+    if message.client_ids is None:
+        return Weights(weights)
+    if replied is None:
+        return Coefficients(message.coefficients)
+    return Coefficients(participation.renormalized(message.coefficients, replied))
+
+
+def average(x: torch.Tensor, how: Weights | Coefficients) -> torch.Tensor:
+    """Σ_c over the clients of ``x`` (S, M, D): weighted (renormalised) or by coefficients."""
+    if isinstance(how, Coefficients):
+        return combine(x, how.values)
+    return weighted_average(x, how.values)
+
+
 def server_update(
-    state: State,
-    update: ClientUpdate,
-    weights: torch.Tensor,
-    settings: Settings,
-    *,
-    exact: bool = False,
+    state: State, update: ClientUpdate, how: Weights | Coefficients, settings: Settings
 ) -> tuple[State, Info]:
     """The server's side of a round: θ̄ = Σ_c w_c θ^(c) over the clients that replied
-    (``weights`` (M,), n_c or w_c, renormalised over them; with ``exact``, the round's
-    coefficients as given, as partial participation fixes them), the momenta averaged the
-    same way under ``sync_unit="leapfrog"``, and the outer iteration's origin under
-    ``restart``."""
+    (``how``: their weights or the round's coefficients, ``combination``), the momenta
+    averaged the same way under ``sync_unit="leapfrog"``, and the outer iteration's origin
+    under ``restart``."""
     r = state.round + 1
-
-    def average(x):
-        return combine(x, weights) if exact else weighted_average(x, weights)
-
-    position = average(update.position)
-    momentum = None
-    if settings.leapfrog_sync:
-        momentum = average(update.momentum)
+    position = average(update.position, how)
+    momentum = average(update.momentum, how) if settings.leapfrog_sync else None
     origin = position if settings.restart and settings.ends_trajectory(r) else state.origin
-    info = Info(
-        update.grad_evals,
-        int(update.position.shape[1]),
-        update.energy,
-        update.energy_error,
-        momentum,
-    )
-    return State(position, r, momentum, origin), info
+    return State(position, r, momentum, origin), round_info(update, momentum)
 
 
 def skip(state, settings) -> State:
@@ -676,22 +711,52 @@ def skip(state, settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def round_clients(key: int, message: Broadcast, target):
-    """(target, private seeds) of the clients that compute ``message``'s round of run
-    ``key``: all of ``target``'s, or under partial participation only the drawn ones
-    (``target.subset``), so that idle clients compute and hold nothing."""
-    device = message.position.device
-    if message.clients is None:
-        return target, client_seeds(key, target.num_clients, device)
-    return target.subset(message.clients), client_seeds(key, message.clients, device)
+def kept_by_server(state: State) -> dict:
+    """FA-HMC's clients keep nothing between rounds."""
+    return {}
 
 
-def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+def kept_by_client(message: Broadcast, last) -> dict:
+    """FA-HMC's clients keep nothing between rounds."""
+    return {}
+
+
+def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One communication round of FA-HMC, every client and chain batched: ``broadcast``,
-    ``client_update`` of the round's clients, ``server_update``. ``key`` is the run seed."""
-    message = broadcast(key, state, settings, target.weights)
-    computing, seeds = round_clients(key, message, target)
-    update = client_update(message, computing, settings, seeds)
-    if message.clients is None:
-        return server_update(state, update, target.weights, settings)
-    return server_update(state, update, message.coefficients, settings, exact=True)
+    ``client_update`` of the round's clients, ``server_update`` (``seed``: the run's)."""
+    return federated.step(sys.modules[__name__], seed, state, target, settings)
+
+
+__all__ = [
+    "SYNC_UNITS",
+    "Broadcast",
+    "ClientUpdate",
+    "Coefficients",
+    "Info",
+    "Layout",
+    "Segment",
+    "Settings",
+    "State",
+    "Weights",
+    "average",
+    "broadcast",
+    "client_seed",
+    "client_seeds",
+    "client_update",
+    "combination",
+    "data_keys",
+    "energy_error_sign",
+    "init",
+    "kept_by_client",
+    "kept_by_server",
+    "layout",
+    "local_iterations",
+    "round_clients",
+    "round_info",
+    "round_keys",
+    "round_seed",
+    "server_update",
+    "skip",
+    "stack_updates",
+    "step",
+]

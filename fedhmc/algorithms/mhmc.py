@@ -18,10 +18,11 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
-from fedhmc.analysis.diagnostics import ess, split_rhat, summarize
+from fedhmc.analysis.diagnostics import convergence_summary, ess, split_rhat
 from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_MHMC_ACCEPT, STREAM_MHMC_JITTER, STREAM_MHMC_MOMENTUM
 from fedhmc.errors import ConfigError
@@ -37,7 +38,7 @@ __all__ = [
     "pooled_energy",
     "split_rhat",
     "step",
-    "summarize",
+    "convergence_summary",
 ]
 
 EnergyGrad = Callable[[torch.Tensor], tuple[torch.Tensor, torch.Tensor]]
@@ -200,27 +201,45 @@ class Settings:
 
 @dataclass(frozen=True)
 class State:
-    """The chains (S, D) after ``step`` transitions, with their energy U (S,) and gradient
-    ∇U (S, D) (None until the first ``step`` evaluates them)."""
+    """The chains (S, D) after ``round`` transitions (calls of ``step``), with their energy
+    U (S,) and gradient ∇U (S, D) (None until the first ``step`` evaluates them)."""
 
     position: torch.Tensor
     energy: torch.Tensor | None = None
     grad: torch.Tensor | None = None
-    step: int = 0
+    round: int = 0
+
+    RENAMED: ClassVar[dict] = {"step": "round"}
+    """Checkpoints of earlier versions saved ``round`` as ``step``."""
 
 
 @dataclass(frozen=True)
 class Info:
-    """One transition: acceptance probabilities (S,) and energy errors ΔH (S,); the
-    full-data gradient evaluations it took (K per chain)."""
+    """One transition of every chain.
+
+    Attributes
+    ----------
+    accept_prob
+        Acceptance probabilities (S,).
+    delta_h
+        The signed energy error ΔH = H(proposal) − H(current) of each chain's proposal (S,)
+        (+inf where it is not finite).
+    grad_evals
+        Full-data gradient evaluations: K per chain.
+    finite
+        Whether every ΔH is finite.
+    clients
+        The target's clients: all of them enter the pooled energy Σ_c w_c f^(c).
+    energy_error
+        The leapfrog's mean |ΔH| per trajectory over the chains.
+    """
 
     accept_prob: torch.Tensor
-    energy_error: torch.Tensor
-    grad_evals: int = 0
-
-    @property
-    def finite(self) -> bool:
-        return bool(torch.isfinite(self.energy_error).all())
+    delta_h: torch.Tensor
+    grad_evals: int
+    finite: bool
+    clients: int
+    energy_error: float | None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
@@ -228,17 +247,17 @@ def init(position: torch.Tensor, settings: Settings) -> State:
     return State(position.clone())
 
 
-def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One Metropolis-adjusted HMC transition of every chain at a fixed step size on the
-    pooled full-batch energy of ``target`` (a gradient oracle: a fedhmc target, or
-    ``oracles.from_energy(fn)``); ``key`` is the run seed. The random numbers are those
-    ``mhmc`` draws at the same transition and seed."""
+    pooled full-batch energy of ``target`` (a [`Target`][fedhmc.models.protocols.Target]:
+    a fedhmc target, or ``oracles.from_energy(fn)``); ``seed`` is the run seed. The random
+    numbers are those ``mhmc`` draws at the same transition (``state.round``) and seed."""
     energy_grad = pooled_energy(target)
     U, g = state.energy, state.grad
     if U is None or g is None:
         U, g = energy_grad(state.position)
     S = state.position.shape[0]
-    keys = rng.derive(key, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
+    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
     k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
     e = torch.as_tensor(
         settings.step_size, dtype=state.position.dtype, device=state.position.device
@@ -252,8 +271,15 @@ def step(key: int, state: State, target, settings: Settings) -> tuple[State, Inf
         e,
         k_mom,
         k_acc,
-        state.step,
+        state.round,
         settings.leapfrog_steps,
     )
-    info = Info(accept_prob, dH, S * settings.leapfrog_steps)
-    return State(theta, U, g, state.step + 1), info
+    info = Info(
+        accept_prob,
+        dH,
+        S * settings.leapfrog_steps,
+        finite=bool(torch.isfinite(dH).all()),
+        clients=int(target.num_clients),
+        energy_error=float(dH.abs().mean()),
+    )
+    return State(theta, U, g, state.round + 1), info

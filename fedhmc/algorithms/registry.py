@@ -94,9 +94,12 @@ class Entry:
     ----------
     name
         ``--algorithm NAME``.
+    summary
+        What it is, in a few words (the documentation's table of samplers).
     module_path
-        The name of the module with ``init(position, settings)`` and ``step(key, state, target,
-        settings)`` (the asynchronous samplers: their chain's state machine).
+        The name of the module with ``init(position, settings)`` and ``step(seed, state,
+        target, settings)`` (the asynchronous samplers: their chain's state machine); a
+        federated one has the functions `fedhmc.algorithms.federated` composes.
     settings
         Its Settings from a resolved run config: ``settings(cfg)``.
     federated
@@ -122,10 +125,8 @@ class Entry:
     backends
         The ``--backend`` values it runs on.
     anchor
-        Debiased FA-HMC's anchor: ``--anchor-batch-size`` applies, the server sends θ_a and
-        ∇f(θ_a), and each client's reply carries its local gradient.
-    reply
-        The arrays a client's (a worker's) reply carries.
+        Debiased FA-HMC's anchor: ``--anchor-batch-size`` applies. (What a round's
+        messages carry is the federated module's ``layout``: `fedhmc.algorithms.federated`.)
     batches_colocated
         A Flower simulation's co-located clients compute a round in one batch
         (``clients/task.colocated_update``), as the engine does.
@@ -134,6 +135,7 @@ class Entry:
     name: str
     module_path: str | None
     settings: Callable | None
+    summary: str = ""
     federated: bool = True
     asynchronous: bool = False
     leapfrog: bool = False
@@ -146,7 +148,6 @@ class Entry:
     protocols: tuple[str, ...] = (ALGORITHM3,)
     backends: tuple[str, ...] = (ENGINE, FLOWER)
     anchor: bool = False
-    reply: tuple[str, ...] = ()
     batches_colocated: bool = False
 
     @property
@@ -163,26 +164,32 @@ _FAHMC = dict(
     no_partial_reason="",
     trajectory_options=True,
     protocols=(ALGORITHM3, AUTHORS),
-    reply=("theta",),
     batches_colocated=True,
 )
 
-ENTRIES: tuple[Entry, ...] = (
-    Entry("fahmc", **_FAHMC),
-    Entry("fald", **_FAHMC, fixed_leapfrog_steps=1),  # FA-HMC with K = 1, in every respect
+BUILTIN: tuple[Entry, ...] = (
+    Entry(
+        "fahmc",
+        **_FAHMC,
+        summary="FA-HMC, the paper's Algorithm 3 (or the authors' protocol)",
+    ),
+    Entry(  # FA-HMC with K = 1, in every respect
+        "fald", **_FAHMC, fixed_leapfrog_steps=1, summary="FA-LD: FA-HMC with K = 1"
+    ),
     Entry(
         "fahmc-debiased",
         module_path="fedhmc.algorithms.debiased",
         settings=debiased_settings,
+        summary="FA-HMC with a SCAFFOLD-style control variate (the paper's Algorithm B.2)",
         leapfrog=True,
         no_partial_reason=" (debiased FA-HMC needs every client's gradient at its anchor)",
         anchor=True,
-        reply=("theta", "grad"),
     ),
     Entry(
         "sghmc",
         module_path="fedhmc.algorithms.stale",
         settings=_stale_settings("sghmc"),
+        summary="SGHMC with stale gradients, on the pooled data",
         federated=False,
         euler=True,
         momentum=True,
@@ -193,6 +200,7 @@ ENTRIES: tuple[Entry, ...] = (
         "sgld",
         module_path="fedhmc.algorithms.stale",
         settings=_stale_settings("sgld"),
+        summary="SGLD with stale gradients, on the pooled data",
         federated=False,
         euler=True,
         no_partial_reason=POOLED,
@@ -202,27 +210,59 @@ ENTRIES: tuple[Entry, ...] = (
         "async-sghmc",
         module_path="fedhmc.algorithms.async_sgmcmc",
         settings=async_settings,
+        summary="asynchronous distributed SGHMC: workers send gradients when ready",
         asynchronous=True,
         euler=True,
         momentum=True,
         backends=(FLOWER,),
-        reply=("grad",),
     ),
     Entry(
         "async-sgld",
         module_path="fedhmc.algorithms.async_sgmcmc",
         settings=async_settings,
+        summary="asynchronous distributed SGLD: workers send gradients when ready",
         asynchronous=True,
         euler=True,
         backends=(FLOWER,),
-        reply=("grad",),
     ),
 )
+
+PLUGIN_GROUP = "fedhmc.algorithms"
+"""The entry-point group of samplers from other packages: each entry point names an
+[`Entry`][fedhmc.algorithms.registry.Entry] (``my_sampler = "my_package.sampler:ENTRY"``).
+A Flower simulation's workers find them too, as they find the package."""
+
+
+def _plugins(taken: set[str]) -> tuple[Entry, ...]:
+    """The entries that installed packages declare under ``PLUGIN_GROUP``; one that does
+    not load, is not an Entry or takes a name already listed is left out, with one line
+    on stderr."""
+    import sys
+    from importlib.metadata import entry_points
+
+    out = []
+    for point in entry_points(group=PLUGIN_GROUP):
+        try:
+            e = point.load()
+        except Exception as exc:  # noqa: BLE001 - another package's failure: said, not fatal
+            print(f"fedhmc: sampler {point.value} not loaded: {exc}", file=sys.stderr)
+            continue
+        if not isinstance(e, Entry) or e.name in taken:
+            why = "takes a name already listed" if isinstance(e, Entry) else "is not an Entry"
+            print(f"fedhmc: sampler {point.value} not loaded: it {why}", file=sys.stderr)
+            continue
+        taken.add(e.name)
+        out.append(e)
+    return tuple(out)
+
+
+ENTRIES: tuple[Entry, ...] = BUILTIN + _plugins({e.name for e in BUILTIN})
+"""Every algorithm a run can name: fedhmc's own, then other packages' (``PLUGIN_GROUP``)."""
 
 BY_NAME: dict[str, Entry] = {e.name: e for e in ENTRIES}
 NAMES: tuple[str, ...] = tuple(BY_NAME)
 """``--algorithm``'s choices, in the order the help lists them."""
-DEFAULT = NAMES[0]
+DEFAULT_ALGORITHM = NAMES[0]
 
 UNKNOWN = Entry("", module_path=None, settings=None)
 """The facts of a name not listed: the config's choices check refuses it, and no check

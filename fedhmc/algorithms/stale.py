@@ -14,8 +14,10 @@ exp(−U/τ)). δ = 0 is plain SGHMC / SGLD.
 Everything is vectorised over S independent chains (positions (S, D)). Past positions live
 in a ring buffer of δ + 1 slots: position θ_j sits in slot j mod (δ + 1), so the δ + 1 most
 recent positions are always there and nothing else is copied. Randomness is counter-based
-(``fedhmc.core.rng``): the noise and the δ_l of step l come from the chain's key and l alone,
-so advancing 10 then 15 steps gives exactly the 25-step chain.
+(``fedhmc.core.rng``): the noise and the δ_l of step l come from the chain's key and l alone.
+A State counts its ``step`` calls (``round``); call r takes Euler steps l = r·T … r·T + T − 1
+(T = ``settings.steps``), so k calls of T steps give exactly the chain of one call of k·T
+steps.
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 
@@ -31,11 +34,12 @@ from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_S
 from fedhmc.errors import ConfigError
 
 METHODS = ("sghmc", "sgld")
-STALENESS_DISTS = ("fixed", "uniform")
+STALENESS_LAWS = ("fixed", "uniform")
+"""The laws of δ_l (``Settings.staleness_dist``)."""
 
 
-GradFn = Callable[[torch.Tensor, int], torch.Tensor]
-"""``grad_fn(theta (S, D), step) -> ∇Ũ (S, D)``: ``step`` selects the minibatch."""
+StaleGradFn = Callable[[torch.Tensor, int], torch.Tensor]
+"""``grad_fn(theta (S, D), l) -> ∇Ũ (S, D)``: the Euler step l selects the minibatch."""
 
 
 @dataclass(frozen=True)
@@ -85,13 +89,30 @@ class Settings:
             )
         if int(self.staleness) != self.staleness or self.staleness < 0:
             raise ConfigError(f"staleness δ must be an integer ≥ 0, got {self.staleness}")
-        if self.staleness_dist not in STALENESS_DISTS:
+        if self.staleness_dist not in STALENESS_LAWS:
             raise ConfigError(
-                f"staleness distribution must be one of {', '.join(STALENESS_DISTS)}; "
+                f"staleness distribution must be one of {', '.join(STALENESS_LAWS)}; "
                 f"got {self.staleness_dist!r}"
             )
         if not (math.isfinite(self.temperature) and self.temperature > 0):
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+
+
+def _round_of_euler_steps(euler_steps: int, settings: Settings | None) -> dict:
+    """An earlier version's saved ``step`` (the Euler steps taken, l) as ``round`` (the
+    ``step`` calls, ``settings.steps`` Euler steps each): what ``State.RENAMED`` reads."""
+    if settings is None:
+        raise ConfigError(
+            "cannot resume: the checkpoint counts SGHMC / SGLD steps, and reading them as "
+            "rounds needs the run's settings"
+        )
+    rounds, rest = divmod(int(euler_steps), int(settings.steps))
+    if rest:
+        raise ConfigError(
+            f"cannot resume: the checkpoint's {euler_steps} SGHMC / SGLD steps are not whole "
+            f"rounds of {settings.steps} steps; start the run again with --overwrite"
+        )
+    return {"round": rounds}
 
 
 @dataclass(frozen=True)
@@ -104,17 +125,34 @@ class State:
     """Current momenta q_l, (S, D) (zeros for SGLD)."""
     ring: torch.Tensor
     """The last δ + 1 positions, (δ + 1, S, D): θ_j in slot j mod (δ + 1)."""
-    step: int = 0
-    """l: the number of steps taken."""
+    round: int = 0
+    """The number of ``step`` calls so far: the chains have taken l = round × T Euler steps
+    (T = ``settings.steps``)."""
+
+    RENAMED: ClassVar[dict] = {"step": _round_of_euler_steps}
+    """Checkpoints of earlier versions saved l, the Euler steps taken, as ``step``."""
 
 
 @dataclass(frozen=True)
 class Info:
-    """What one call of ``step`` did: the gradient evaluations (steps × chains) and
-    whether every momentum stayed finite."""
+    """What one call of ``step`` did.
+
+    Attributes
+    ----------
+    grad_evals
+        Gradient evaluations: steps × chains.
+    finite
+        Whether every momentum stayed finite.
+    clients
+        1: the pooled data is one client.
+    energy_error
+        None: an Euler step has no leapfrog trajectory.
+    """
 
     grad_evals: int
     finite: bool
+    clients: int = 1
+    energy_error: float | None = None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
@@ -134,7 +172,7 @@ def chain_keys(seed: int, chains: int | torch.Tensor, device=None) -> torch.Tens
 
 
 def delays(keys: torch.Tensor, step: int, settings: Settings) -> torch.Tensor:
-    """δ_l of every chain at step l: (S,) int64."""
+    """δ_l of every chain at Euler step l = ``step``: (S,) int64."""
     S, tau = keys.shape[0], settings.staleness
     if tau == 0 or settings.staleness_dist == "fixed":
         return torch.full((S,), tau, dtype=torch.int64, device=keys.device)
@@ -163,10 +201,9 @@ def euler_step(
     return theta - h * grad + math.sqrt(2.0 * h) * zeta, momentum
 
 
-def _advance(
-    state: State, grad_fn: GradFn, num_steps: int, settings: Settings, keys: torch.Tensor
-) -> State:
-    """``num_steps`` steps of stale SGHMC or SGLD from ``state`` (not modified), with the
+def _advance(state: State, grad_fn: StaleGradFn, settings: Settings, keys: torch.Tensor) -> State:
+    """The ``settings.steps`` Euler steps of round ``state.round`` (l = round × T …
+    round × T + T − 1) of stale SGHMC or SGLD from ``state`` (not modified), with the
     chains' keys (S,) and ∇Ũ at positions (S, D) for step l."""
     theta, q, ring = state.position.clone(), state.momentum.clone(), state.ring.clone()
     S, D = theta.shape
@@ -174,22 +211,21 @@ def _advance(
     h, B = settings.step_size, settings.friction
     noise_keys = rng.derive(keys, STREAM_STALE_NOISE)
     chain_idx = torch.arange(S, device=theta.device)
-    step = state.step
-    for _ in range(num_steps):
-        tau_l = delays(keys, step, settings)
-        src = torch.remainder(step - tau_l, slots)  # slot of θ_{max(l − δ_l, 0)}
+    first = state.round * settings.steps  # the Euler steps taken before this round
+    for l in range(first, first + settings.steps):  # noqa: E741 (the paper's step index)
+        tau_l = delays(keys, l, settings)
+        src = torch.remainder(l - tau_l, slots)  # slot of θ_{max(l − δ_l, 0)}
         stale = theta if settings.staleness == 0 else ring[src, chain_idx]
-        g = grad_fn(stale, step)
+        g = grad_fn(stale, l)
         g = gradients.tempered(g, settings.temperature)
-        zeta = rng.normal(noise_keys, step, D, theta.dtype)
+        zeta = rng.normal(noise_keys, l, D, theta.dtype)
         theta, q = euler_step(settings.method, theta, q, g, zeta, h, B)
-        step += 1
         if settings.staleness > 0:
-            ring[step % slots] = theta
-    return State(theta, q, ring, step)
+            ring[(l + 1) % slots] = theta
+    return State(theta, q, ring, state.round + 1)
 
 
-def oracle_grad_fn(target, keys: torch.Tensor) -> GradFn:
+def oracle_grad_fn(target, keys: torch.Tensor) -> StaleGradFn:
     """∇Ũ of a one-client gradient oracle (the pooled data; ``fedhmc.algorithms.oracles``)
     as a function of positions (S, D) and the step, the minibatches drawn from per-chain
     keys derived from ``keys``, as the FA-HMC engine draws them."""
@@ -204,14 +240,16 @@ def oracle_grad_fn(target, keys: torch.Tensor) -> GradFn:
     return grad
 
 
-def step(key: int, state: State, target, settings: Settings) -> tuple[State, Info]:
-    """``settings.steps`` steps of stale SGHMC or SGLD on every chain.
+def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
+    """``settings.steps`` steps of stale SGHMC or SGLD on every chain: Euler steps
+    l = r·T … r·T + T − 1 of round r = ``state.round`` (T = ``settings.steps``).
 
-    ``key`` is the run seed (chain s draws from ``chain_keys(key, S)[s]``); ``target`` a
-    one-client gradient oracle: the pooled data's target, or ``oracles.from_grad(fn)``.
-    Advancing 10 then 15 steps gives exactly the 25-step chain.
+    ``seed`` is the run seed (chain s draws from ``chain_keys(seed, S)[s]``); ``target`` a
+    one-client [`Target`][fedhmc.models.protocols.Target]: the pooled data's target, or
+    ``oracles.from_grad(fn)``. k calls of T steps give exactly the chain of one call of k·T
+    steps.
     """
-    keys = chain_keys(key, state.position.shape[0], state.position.device)
+    keys = chain_keys(seed, state.position.shape[0], state.position.device)
     grad = oracle_grad_fn(target, keys)
     if settings.grad_noise > 0:
         exact, noise = grad, gradients.noise_keys(keys)
@@ -219,6 +257,6 @@ def step(key: int, state: State, target, settings: Settings) -> tuple[State, Inf
         def grad(theta: torch.Tensor, l: int) -> torch.Tensor:  # noqa: E741
             return gradients.add_noise(exact(theta, l), noise, l, settings.grad_noise)
 
-    new = _advance(state, grad, settings.steps, settings, keys)
+    new = _advance(state, grad, settings, keys)
     steps = settings.steps * state.position.shape[0]
-    return new, Info(steps, bool(torch.isfinite(new.momentum).all()))
+    return new, Info(steps, bool(torch.isfinite(new.momentum).all()), 1, None)

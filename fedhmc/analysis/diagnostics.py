@@ -220,7 +220,7 @@ ESS_PER_CHAIN_WARN = 100
 
 
 def warning(diag: dict) -> str | None:
-    """The one-line convergence warning for ``summarize``'s result, or None."""
+    """The one-line convergence warning for ``convergence_summary``'s result, or None."""
     m = int(diag.get("chains", 0))
     if m < 2:
         return None
@@ -258,7 +258,7 @@ def mcse_mean(draws: ArrayLike) -> np.ndarray:
     return _shape_out(draws, sd / np.sqrt(_ess_raw(split_chains(a))))
 
 
-def summarize(samples: ArrayLike) -> dict:
+def convergence_summary(samples: ArrayLike) -> dict:
     """Worst-case diagnostics over the coordinates of (n, m[, D]) draws.
 
     Returns

@@ -41,11 +41,11 @@ def cmd_data(args: argparse.Namespace) -> int:
     from fedhmc_datasets.partition import PARTITIONERS, format_partition_table, plot_label_heatmap
 
     from fedhmc.cli.options import config_from_args
-    from fedhmc.runtime.presets import DATASETS, GAUSSIAN_TARGETS
+    from fedhmc.runtime.presets import DATASET_CHOICES, GAUSSIAN_TARGETS
     from fedhmc.runtime.problem import load_client_data
 
     if args.list:
-        print("datasets:     " + ", ".join(DATASETS))
+        print("datasets:     " + ", ".join(DATASET_CHOICES))
         print("partitioners: " + ", ".join(PARTITIONERS))
         return 0
     cfg = config_from_args(args).resolve()

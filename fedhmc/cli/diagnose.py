@@ -111,7 +111,7 @@ def parameter_names(run: Path, dim: int) -> list[str]:
 
 
 def cmd_diagnose(args) -> int:
-    from fedhmc.analysis.diagnostics import per_parameter, summarize, warning
+    from fedhmc.analysis.diagnostics import convergence_summary, per_parameter, warning
 
     run = Path(args.run_dir)
     if not (run / "config.json").is_file():
@@ -124,7 +124,7 @@ def cmd_diagnose(args) -> int:
     names = parameter_names(run, draws.shape[2])
     rhat = np.where(np.isfinite(stats["rhat"]), stats["rhat"], -np.inf)
     order = np.argsort(-rhat, kind="stable")[: args.top]
-    diag = summarize(draws)
+    diag = convergence_summary(draws)
     print(
         f"{run}: {draws.shape[0]} draws × {draws.shape[1]} chains, {draws.shape[2]} parameters; "
         f"R-hat max {diag['rhat_max']:.3f}, bulk ESS min {diag['ess_min']:.0f}, "

@@ -29,13 +29,16 @@ def _write(out_dir: Path, name: str, rows: list[dict], summary: dict) -> None:
 PAPER_FMNIST = {"accuracy": 0.847, "brier": 0.219, "ece": 0.008, "nll_sum": 4332.0}
 """The paper's Fashion-MNIST logistic-regression results after 200 rounds (best settings)."""
 
+METRICS = ("accuracy", "brier", "ece", "nll_sum")
+"""The paper's Fashion-MNIST metrics, in the tables' and figures' order."""
+
 PROTOCOL_ORDER = ("authors", "algorithm3")
 """The two protocols the ``paper-*`` experiments run side by side, in the tables' order."""
 
 BUDGETS = ("quick", "reduced", "full")
 
 
-def run_cells(out_dir: Path, base: dict, cells: list[dict]) -> list[dict]:
+def run_experiment_cells(out_dir: Path, base: dict, cells: list[dict]) -> list[dict]:
     """Run each cell (``base`` updated by the cell) into ``out_dir/cells/`` through
     fedhmc.sweep.cells, one after another in this process.
 
@@ -102,13 +105,13 @@ def _data_experiment(
     note: str,
 ) -> dict:
     cells = [{hue: v} for v in values]
-    rows = run_cells(out_dir, base, cells)
+    rows = run_experiment_cells(out_dir, base, cells)
     file = name.replace("-", "_")
     _write(out_dir, file, rows, {})
     table = summary_rows(rows, hue)
     summary = {
         "experiment": name,
-        "protocol": ALGORITHM3,
+        "protocol": ALGORITHM3_AS_PRINTED,
         "budget": budget,
         "base": base,
         "note": note,
@@ -122,5 +125,5 @@ def _data_experiment(
     return summary
 
 
-ALGORITHM3 = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorithm3)"
+ALGORITHM3_AS_PRINTED = "algorithm3: the paper's Algorithm 3 as printed (--protocol algorithm3)"
 """What the FA-HMC experiments that are not ``paper-*`` run; their summaries say so."""

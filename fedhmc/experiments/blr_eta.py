@@ -11,7 +11,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.algorithms import registry
-from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.experiments._common import ALGORITHM3_AS_PRINTED, _write
 from fedhmc.experiments.blr import blr_reference
 from fedhmc.viz.plots import new_figure
 
@@ -92,7 +92,7 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
         )
     summary = {
         "experiment": name,
-        "protocol": ALGORITHM3,
+        "protocol": ALGORITHM3_AS_PRINTED,
         "budget": budget,
         "dim": dim,
         "clients": 20,

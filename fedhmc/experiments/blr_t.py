@@ -19,7 +19,7 @@ import torch
 
 from fedhmc.algorithms import fahmc
 from fedhmc.errors import ConfigError
-from fedhmc.experiments._common import ALGORITHM3, PROTOCOL_ORDER, _write, write_csv
+from fedhmc.experiments._common import ALGORITHM3_AS_PRINTED, PROTOCOL_ORDER, _write, write_csv
 from fedhmc.experiments.blr import blr_config, blr_reference
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import write_text_atomic
@@ -65,7 +65,7 @@ def thresholds(curves: dict, factors) -> list[float]:
     return [round(floor * f, 4) for f in factors]
 
 
-def protocol_settings(protocol: str, eta: float, K: int, T: int, noise: float = 0.0):
+def blr_protocol_settings(protocol: str, eta: float, K: int, T: int, noise: float = 0.0):
     """FA-HMC's settings of a protocol: ``authors`` (sync every T leapfrog steps, momenta
     averaged, fresh gradients, restarts from X₀) or ``algorithm3`` (T iterations of K steps)."""
     if protocol == "authors":
@@ -157,7 +157,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     bar = bar_or_null(len(Ts), "T values", "T")
     for T in Ts:
         rounds = max(min_rounds, math.ceil(iters / T))
-        settings = protocol_settings("algorithm3", eta, K, T, noise)
+        settings = blr_protocol_settings("algorithm3", eta, K, T, noise)
         theta0 = torch.zeros(chains, problem.dim, dtype=torch.float32)
         t0 = time.perf_counter()
         samples = algorithm3_blr_samples(target, settings, theta0, seed, rounds)
@@ -172,7 +172,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     curve_rows = [{"T": T, "round": r, "me": v} for T in Ts for r, v in curves[T]]
     summary = {
         "experiment": "blr-T",
-        "protocol": ALGORITHM3,
+        "protocol": ALGORITHM3_AS_PRINTED,
         **_settings_record(budget, dim, K, eta, noise, chains),
         "epsilons": epsilons,
         "epsilon_rule": "1.02, 1.05, 1.1 and 1.25 × the lowest ME reached by any T",
@@ -342,7 +342,7 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
                 bar.update(1)
                 continue
             t0 = time.perf_counter()
-            s = protocol_settings(protocol, eta, K, T, noise)
+            s = blr_protocol_settings(protocol, eta, K, T, noise)
             if protocol == "authors":
                 samples = authors_blr_samples(target, s, theta0, seed, iters)
             else:
@@ -439,7 +439,7 @@ def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
     rows = []
     for protocol in PROTOCOL_ORDER:
         for T in Ts:
-            s = protocol_settings(protocol, eta, K, T)
+            s = blr_protocol_settings(protocol, eta, K, T)
             if protocol == "authors":
                 x = authors_blr_samples(target, s, theta0, cfg.seed, outer)
             else:

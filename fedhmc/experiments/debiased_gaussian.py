@@ -9,7 +9,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.core.progress import track
-from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.experiments._common import ALGORITHM3_AS_PRINTED, _write
 from fedhmc.viz.plots import new_figure
 
 
@@ -76,7 +76,7 @@ def debiased_gaussian(out_dir: Path, *, quick: bool = False, seed: int = 0) -> d
             )
     summary = {
         "experiment": "debiased-gaussian",
-        "protocol": ALGORITHM3,
+        "protocol": ALGORITHM3_AS_PRINTED,
         "posterior_mean": post.mean,
         "posterior_var": post.var,
         "settings": {"K": K, "step_size": eta, "rho": 1.0, "chains": chains, "dim": dim},

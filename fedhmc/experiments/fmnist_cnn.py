@@ -15,7 +15,7 @@ STEP_SIZE = 1e-3
 """η of every cell: one round of K = 10, T = 10 at B = 32 reached accuracy 0.69 at 1e-3 (the
 networks' preset, 5e-4, is the MLP's, tuned at B = 1000)."""
 
-BUDGETS = {
+CNN_BUDGETS = {
     # budget: (T, rounds, burn-in, batch per client)
     "quick": (2, 2, 0, 16),
     "reduced": (50, 5, 1, 32),
@@ -32,7 +32,7 @@ def fmnist_cnn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool 
     meant for a GPU). Every cell writes the four metrics per round.
     """
     budget = "quick" if quick else "full" if full else "reduced"
-    T, rounds, burn_in, batch = BUDGETS[budget]
+    T, rounds, burn_in, batch = CNN_BUDGETS[budget]
     base = {
         "dataset": "fashion-mnist",
         "model": "cnn",

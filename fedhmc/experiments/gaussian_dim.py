@@ -8,7 +8,7 @@ from pathlib import Path
 import torch
 
 from fedhmc.core.progress import track
-from fedhmc.experiments._common import ALGORITHM3, _write
+from fedhmc.experiments._common import ALGORITHM3_AS_PRINTED, _write
 from fedhmc.viz.plots import new_figure
 
 
@@ -65,7 +65,7 @@ def gaussian_dim(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict:
         rows.append(row)
     summary = {
         "experiment": "gaussian-dim",
-        "protocol": ALGORITHM3,
+        "protocol": ALGORITHM3_AS_PRINTED,
         "settings": {"clients": 10, "K": K, "T": T, "step_size": "0.02 / d^(1/4)"},
         "threshold_w2sq": threshold,
         "rows": rows,

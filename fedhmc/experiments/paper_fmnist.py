@@ -42,8 +42,8 @@ import time
 from dataclasses import dataclass, replace
 from pathlib import Path
 
+from fedhmc.experiments._common import METRICS, PROTOCOL_ORDER, write_csv
 from fedhmc.experiments._common import PAPER_FMNIST as PAPER_FMNIST_200
-from fedhmc.experiments._common import PROTOCOL_ORDER, write_csv
 from fedhmc.runtime.output import write_text_atomic
 from fedhmc.sweep.cells import FolderLock, pending_cells, run_cells
 from fedhmc.sweep.table import format_mean_std, mean_std
@@ -52,14 +52,13 @@ AUTHORS_GRID = (5e-4, 2e-4, 1e-4, 5e-5, 2e-5, 1e-5, 5e-6, 2e-6, 1e-6, 5e-7, 2e-7
 """The step sizes the authors' tuning script tries (temperature 0.005)."""
 ALGORITHM3_GRID = tuple(10 * e for e in AUTHORS_GRID)
 """The same ladder one decade up, for the untempered posterior of ``--protocol algorithm3``."""
-PAPER_FMNIST = {**PAPER_FMNIST_200, "runs": 5}
+PAPER_FMNIST_K = {**PAPER_FMNIST_200, "runs": 5}
 """The best values of the paper's Figure 3 (the K sweep), and its runs per setting."""
 PAPER_FMNIST_T = {"accuracy": 0.846, "brier": 0.219, "ece": 0.0082, "nll_sum": 4332.0, "runs": 5}
 """The best values of the paper's Figure 4 (the T sweep), and its runs per setting."""
 PAPER_MLP = {"accuracy": 0.899, "brier": 0.146, "ece": 0.006, "runs": 1, "source": "axes"}
 """The best values of the paper's Figure 5 (a–c), the MLP against K, as far as they can be
 read off its axes (the paper gives no table, and no NLL panel); one chain per setting."""
-METRICS = ("accuracy", "brier", "ece", "nll_sum")
 
 
 @dataclass(frozen=True)
@@ -95,7 +94,7 @@ _FIG3 = Figure(
     "Fashion-MNIST logistic regression, 10 iid clients, T = 50 leapfrog steps (Figure 3)",
     "K",
     (1, 10, 50, 100),
-    paper=PAPER_FMNIST,
+    paper=PAPER_FMNIST_K,
 )
 _FIG4 = Figure(
     "Fashion-MNIST logistic regression, 10 iid clients, K = 10 (Figure 4)",

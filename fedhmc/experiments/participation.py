@@ -25,12 +25,12 @@ import math
 from pathlib import Path
 
 from fedhmc.core import PARTICIPATION_SCHEMES as SCHEMES
-from fedhmc.experiments._common import _write, write_csv
+from fedhmc.experiments._common import METRICS, _write, write_csv
 
-ALGORITHMS = (("fahmc", 10), ("fald", 1))
-ARMS = tuple(name for name, _ in ALGORITHMS)  # the tables' order
+ARM_LEAPFROG_STEPS = (("fahmc", 10), ("fald", 1))
+ARMS = tuple(name for name, _ in ARM_LEAPFROG_STEPS)  # the tables' order
 
-BUDGETS = {
+PARTICIPATION_BUDGETS = {
     # budget: (dataset, clients, S values, client-rounds, seeds)
     "quick": ("digits", 20, (2, 20), 20, (0,)),
     "reduced": ("fashion-mnist", 100, (5, 10, 20, 50, 100), 1_000, (0,)),
@@ -42,7 +42,6 @@ GAUSSIAN = {
     "reduced": ((1, 2, 3, 5, 10), 100, 1_000, 150),
     "full": ((1, 2, 3, 5, 10), 200, 2_000, 200),
 }
-METRICS = ("accuracy", "brier", "ece", "nll_sum")
 FIGURE_WIDTH = 7.2
 """Inches: the width a results page shows a figure at (688 px at 96 dpi), so that its
 text is shown at the size it is drawn."""
@@ -51,7 +50,7 @@ FIGURE_DPI = 96
 
 def _cells(budget: str, seed: int):
     """(cell id, settings, the rows' labels) of the classification part."""
-    dataset, N, Ss, client_rounds, seeds = BUDGETS[budget]
+    dataset, N, Ss, client_rounds, seeds = PARTICIPATION_BUDGETS[budget]
     base = {
         "dataset": dataset,
         "num-clients": N,
@@ -64,7 +63,7 @@ def _cells(budget: str, seed: int):
     }
     out = []
     for s in seeds:
-        for algorithm, K in ALGORITHMS:
+        for algorithm, K in ARM_LEAPFROG_STEPS:
             for S in Ss:
                 rounds = max(1, client_rounds // S)
                 # S = N under uniform or normalized is full participation: one run for both.
@@ -254,7 +253,7 @@ def gaussian_part(out_dir: Path, budget: str, seed: int) -> tuple[list[dict], di
 # Tables and figures
 
 
-def summarize(rows: list[dict]) -> list[dict]:
+def summarize_over_seeds(rows: list[dict]) -> list[dict]:
     """Mean and sd over the seeds of each (algorithm, S, scheme) that completed (nan
     where none did: every seed diverged)."""
     from fedhmc.sweep.table import mean_std
@@ -371,10 +370,12 @@ def plot_gaussian(path: Path, rows: list[dict], settings: dict) -> None:
     fig.savefig(path, dpi=FIGURE_DPI)
 
 
-def write_tables(out_dir: Path, rows: list[dict], budget: str, title: str) -> list[dict]:
+def write_participation_tables(
+    out_dir: Path, rows: list[dict], budget: str, title: str
+) -> list[dict]:
     """``participation.csv`` (one row per run), ``participation.json`` and
     ``participation_summary.csv`` (mean and sd over the seeds); returns the summary rows."""
-    table = summarize(rows)
+    table = summarize_over_seeds(rows)
     _write(
         out_dir,
         "participation",
@@ -397,7 +398,7 @@ def rebuild_tables(out_dir: Path) -> bool:
     if not all((out_dir / "cells" / cid / "metrics.csv").is_file() for cid, _, _ in cells):
         return False
     rows = classification_rows(out_dir, cells)
-    write_tables(out_dir, rows, summary["budget"], summary["title"])
+    write_participation_tables(out_dir, rows, summary["budget"], summary["title"])
     return True
 
 
@@ -428,7 +429,7 @@ def participation(
     200 chains × 2,000 rounds."""
     out_dir = Path(out_dir)
     budget = "quick" if quick else "full" if full else "reduced"
-    dataset, N, Ss, client_rounds, seeds = BUDGETS[budget]
+    dataset, N, Ss, client_rounds, seeds = PARTICIPATION_BUDGETS[budget]
     g_rows, g_settings = gaussian_part(out_dir, budget, seed)
     _write(out_dir, "participation_gaussian", g_rows, {"settings": g_settings, "rows": g_rows})
     rows = classification(out_dir, budget, seed, workers)
@@ -437,6 +438,6 @@ def participation(
         f"{10 if budget != 'quick' else 2}, B = 100, {client_rounds:,} client-rounds "
         f"({len(seeds)} seed{'s' if len(seeds) > 1 else ''}; {budget})"
     )
-    table = write_tables(out_dir, rows, budget, title)
+    table = write_participation_tables(out_dir, rows, budget, title)
     replot(out_dir, rebuild=False)
     return {"rows": table, "gaussian": g_rows}

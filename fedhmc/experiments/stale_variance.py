@@ -59,7 +59,10 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     rows, curves = [], {}
     for W in track(workers, "workers", "W"):
         settings = stale.Settings("sgld", h, staleness=W - 1)
-        state = dataclasses.replace(stale.init(start.position, settings), step=start.step)
+        # Continue at Euler step l = burn: one step a round, so as at round burn.
+        state = dataclasses.replace(
+            stale.init(start.position, settings), round=start.round * warm.steps
+        )
         total = torch.zeros(chains, dtype=torch.float64)
         xs, ys = [], []
         t0 = time.perf_counter()

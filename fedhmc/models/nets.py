@@ -280,7 +280,7 @@ def _linear_model_init(model, kind: str, keys: torch.Tensor, dtype, auto: str) -
     raise ValueError(f"unknown initialisation {kind!r}")
 
 
-def build_model(name: str, num_features: int, num_classes: int, hidden: tuple[int, ...]):
+def build_network(name: str, num_features: int, num_classes: int, hidden: tuple[int, ...]):
     """The model called ``name`` ("logistic" or "mlp")."""
     if name == "logistic":
         return LogisticRegression(num_features, num_classes)

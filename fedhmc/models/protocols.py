@@ -1,8 +1,11 @@
 """What the samplers expect of a target and a model, as typed interfaces (``typing.Protocol``).
 
-Any object with these methods can be sampled: [`DataTarget`][fedhmc.models.targets.DataTarget]
-(data on clients) and [`GaussianTarget`][fedhmc.models.targets.GaussianTarget] (the synthetic
-Gaussian) are the two built in. ``isinstance(x, Target)`` checks the methods' presence.
+`Target` is the one interface every algorithm's ``step`` takes as its ``target``. Any object
+with these methods can be sampled: [`DataTarget`][fedhmc.models.targets.DataTarget] (data on
+clients) and [`GaussianTarget`][fedhmc.models.targets.GaussianTarget] (the synthetic
+Gaussian) are the two built in; [`fedhmc.algorithms.oracles`][fedhmc.algorithms.oracles]
+makes one-client targets out of gradient functions and received gradients.
+``isinstance(x, Target)`` checks the methods' presence.
 """
 
 from __future__ import annotations
@@ -15,7 +18,8 @@ import torch
 @runtime_checkable
 class Target(Protocol):
     """A federated target: N clients with energies f^(c) and weights w_c (Σ w_c = 1), so
-    that the pooled energy is f = Σ_c w_c f^(c)."""
+    that the pooled energy is f = Σ_c w_c f^(c) (N = 1: the pooled data, or a one-client
+    view such as ``oracles.from_grad``)."""
 
     num_clients: int
     weights: torch.Tensor

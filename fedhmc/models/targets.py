@@ -22,10 +22,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.core import rng
-
-MINIBATCH_LAWS = ("uniform", "reshuffle")
-
+from fedhmc.core import MINIBATCH_LAWS, rng
 
 PREFETCH_MAX_VALUES = 1 << 21
 """At most this many minibatch uniforms are drawn ahead in one

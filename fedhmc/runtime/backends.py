@@ -1,36 +1,62 @@
 """Where a run goes: the one place that sends a [`RunConfig`][fedhmc.runtime.config.RunConfig]
-to its backend (``--backend engine`` or ``flower``).
+to its backend (``--backend engine`` or ``flower``), and `prepare`, which every backend
+starts with.
 
-The Flower backend lives in the Flower layer (``fedhmc_server``), above the runtime; it is
-loaded here by name, when a run asks for it, so the runtime imports neither that layer nor
-flwr otherwise.
+The backends are loaded here by name, when a run asks for one: the Flower backend lives in
+the Flower layer (``fedhmc_server``), above the runtime, so the runtime imports neither that
+layer nor flwr otherwise; and this module imports no backend, so that each of them can
+import `prepare` from here.
 """
 
 from __future__ import annotations
 
 import importlib
+from typing import TYPE_CHECKING
 
-BACKENDS = {
+if TYPE_CHECKING:
+    from fedhmc.runtime.config import RunConfig
+
+RUNNERS = {
     "engine": ("fedhmc.runtime.engine", "run"),
     "flower": ("fedhmc_server.simulation", "run_flower"),
 }
 """Backend name → (module, function); each function takes ``(cfg, progress=...)``."""
 
 
-def run_config(cfg, progress: bool = True, threads: int | str | None = None):
-    """Run ``cfg`` on its backend; returns the backend's
+def prepare(cfg: RunConfig) -> RunConfig:
+    """``cfg`` resolved (its defaults filled in), with its output directory fixed."""
+    cfg = cfg.resolve()
+    return cfg.replace(out=cfg.out or cfg.default_out())
+
+
+def run_config(
+    cfg: RunConfig,
+    progress: bool = True,
+    threads: int | str | None = None,
+    on_round=None,
+    problem=None,
+):
+    """Run ``cfg`` on its backend (``fedhmc.run``); returns the backend's
     [`RunResult`][fedhmc.runtime.engine.RunResult].
 
     ``threads`` (a number, ``"auto"`` or None) sets torch's intra-op threads: the engine
     chooses for ``"auto"`` from the size of a gradient evaluation; other backends take a
     number for the process they run in and leave ``"auto"`` to their workers.
+    ``on_round`` is called with each round's metrics row; ``problem``, a prebuilt problem,
+    is the engine's only (`fedhmc.runtime.engine.run`).
     """
-    module, name = BACKENDS[cfg.backend]
+    module, name = RUNNERS[cfg.backend]
     fn = getattr(importlib.import_module(module), name)
     if cfg.backend == "engine":
-        return fn(cfg, progress=progress, threads=threads)
+        return fn(cfg, problem, progress=progress, on_round=on_round, threads=threads)
+    if problem is not None:
+        from fedhmc.errors import ConfigError
+
+        raise ConfigError(
+            f"a prebuilt problem runs on the engine only; drop it for --backend {cfg.backend}"
+        )
     if isinstance(threads, int):
         from fedhmc.runtime.threads import apply_threads
 
         apply_threads(threads, 0)
-    return fn(cfg, progress=progress)
+    return fn(cfg, progress=progress, on_round=on_round)

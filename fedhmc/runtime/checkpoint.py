@@ -15,6 +15,14 @@ a run started on a GPU resumes on a CPU and the other way (`to_device` moves wha
 onto the run's device). ``--device`` is the one setting besides ``--rounds`` that a resume
 may change.
 
+A run's payload (format 3; `fedhmc.runtime.engine.run_loop` writes it) holds ``round``,
+``config``, ``device``, ``grad_evals``, ``wall_s``, ``totals`` (the byte and client counts),
+``keep_draws``, ``draws`` and ``samples`` (the collected θ̄, or None), ``evaluator`` (its
+running averages) and ``backend``: the backend's own state (for the engine, the algorithm's
+State, θ̄ included), or None where the backend cannot be resumed. A format-2 checkpoint also
+holds θ̄ beside it, as ``theta_bar``: the same tensor as the backend's, so it still resumes,
+to the same numbers, and its ``theta_bar`` is left unread.
+
 Nothing random needs saving: every random number fedhmc draws is a function of the run seed, the
 round and counters ([`fedhmc.core.rng`][fedhmc.core.rng]), so the state is the positions, the
 carried momenta, the streaming accumulators and the round reached.
@@ -34,8 +42,12 @@ import torch
 from fedhmc import __version__
 from fedhmc.errors import ConfigError
 
-FORMAT = 2
-"""2: the algorithm's state saved field by field (``state_dict``)."""
+FORMAT = 3
+"""The format `save` writes. 3: θ̄ is saved once, in the backend's state (format 2 also saved
+it beside, as ``theta_bar``); 2: the algorithm's state saved field by field
+(``state_dict``)."""
+READABLE = (2, 3)
+"""The formats `load` and `peek` read."""
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 
@@ -132,9 +144,10 @@ def _header(line: bytes) -> dict:
         raise ValueError(
             f"its header is a JSON {type(header).__name__}, not the object fedhmc writes"
         )
-    if header.get("format") != FORMAT:
+    if header.get("format") not in READABLE or isinstance(header.get("format"), bool):
+        reads = " and ".join(str(f) for f in READABLE)
         raise ValueError(
-            f"format {header.get('format')!r}, written by another fedhmc; this one reads {FORMAT}"
+            f"format {header.get('format')!r}, written by another fedhmc; this one reads {reads}"
         )
     for key, kind in HEADER_FIELDS.items():
         value = header.get(key)
@@ -309,13 +322,19 @@ def state_dict(state) -> dict:
     }
 
 
-def state_from_dict(saved: dict, cls: type, device=None):
+def state_from_dict(saved: dict, cls: type, device=None, settings=None):
     """The ``cls`` State that ``state_dict`` saved, its tensors on ``device`` (None: where
     they are; `load` puts them on the CPU).
 
     The types of nested states come from ``cls``'s declared fields, never from the file:
     a checkpoint that names any other type is refused in one line, and nothing it names is
     imported.
+
+    A field that an earlier version saved under another name is read through the State's
+    ``RENAMED`` mapping (a ClassVar: old name → new name, or → a function
+    ``convert(saved value, settings) -> {new name: value}`` where the value changes meaning,
+    e.g. a count of Euler steps that became a count of ``step`` calls). ``settings`` are the
+    run's algorithm Settings, for such a conversion (nested states get the same ones).
     """
     import dataclasses
     import typing
@@ -329,6 +348,8 @@ def state_from_dict(saved: dict, cls: type, device=None):
         )
     fields = saved.get("fields")
     declared = {f.name for f in dataclasses.fields(cls)}
+    if isinstance(fields, dict):
+        fields = _renamed_fields(fields, cls, declared, settings)
     if not isinstance(fields, dict) or not set(fields) <= declared:
         raise ConfigError(
             f"cannot resume: the checkpoint's {name} state does not have this version's fields; "
@@ -342,7 +363,7 @@ def state_from_dict(saved: dict, cls: type, device=None):
         if isinstance(v, dict) and "type" in v and "fields" in v:
             for nested in _dataclasses_in(hint):
                 if v["type"] == _type_name(nested):
-                    return state_from_dict(v, nested, device)
+                    return state_from_dict(v, nested, device, settings)
             raise ConfigError(
                 f"cannot resume: the checkpoint puts a {str(v['type'])[:80]!r} state in "
                 f"{where}, which holds no such state; start the run again with --overwrite"
@@ -354,6 +375,20 @@ def state_from_dict(saved: dict, cls: type, device=None):
         return v
 
     return cls(**{k: back(v, hints.get(k), f"{name}.{k}") for k, v in fields.items()})
+
+
+def _renamed_fields(fields: dict, cls: type, declared: set, settings) -> dict:
+    """``fields`` with the names an earlier version saved (``cls.RENAMED``) read as the
+    fields ``cls`` declares now; a saved field that ``cls`` declares is kept as it is."""
+    renamed = getattr(cls, "RENAMED", None) or {}
+    out = {k: v for k, v in fields.items() if k not in renamed or k in declared}
+    for old, new in renamed.items():
+        if old not in fields or old in declared:
+            continue
+        converted = {new: fields[old]} if isinstance(new, str) else new(fields[old], settings)
+        for k, v in converted.items():
+            out.setdefault(k, v)  # a field saved under its new name wins
+    return out
 
 
 def _type_name(cls: type) -> str:

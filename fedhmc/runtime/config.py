@@ -20,21 +20,21 @@ import typing
 from dataclasses import dataclass, field, fields
 
 from fedhmc.algorithms import registry
-from fedhmc.core import PARTICIPATION_SCHEMES
+from fedhmc.core import MINIBATCH_LAWS, PARTICIPATION_SCHEMES, SYNC_UNITS
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
+
+BACKENDS = ("engine", "flower")
+"""``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""
 
 ALGORITHMS = registry.NAMES
 STALENESS_DISTS = ("fixed", "uniform")
 MODELS = ("logistic", "mlp", "cnn")
 """The built-in models; ``--model`` also takes PACKAGE.MODULE:FACTORY (any nn.Module)."""
-BACKENDS = ("engine", "flower")
 ON_FAILURE = ("renormalize", "stop")
 DTYPES = ("float32", "float64")
 SCALINGS = ("standardize", "unit", "symmetric", "none")
 PROTOCOLS = ("algorithm3", "authors")
-SYNC_UNITS = ("iteration", "leapfrog")
-MINIBATCH_LAWS = ("uniform", "reshuffle")
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
 INITS = ("auto", "zeros", "normal", "module", "torch-linear")
 IN_MEMORY = "<in-memory tensors>"
@@ -267,7 +267,7 @@ class RunConfig:
     )
     # Sampler
     algorithm: str = _f(
-        registry.DEFAULT,
+        registry.DEFAULT_ALGORITHM,
         "`fahmc`; `fald` (FA-LD: K = 1); `fahmc-debiased` (SCAFFOLD-style control "
         "variate); `sghmc` or `sgld` (stale-gradient SG-MCMC on the pooled data); "
         "`async-sghmc` or `async-sgld` (asynchronous distributed SG-MCMC on Flower: `--chains` "
@@ -555,16 +555,23 @@ class RunConfig:
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
-        self = self._resolve_model_and_data()
-        builtin = isinstance(self.dataset, str) and self.user_data_file is None
-        model_key = self.model if self.model in ("logistic", "mlp") else "module"
-        d = dataset_defaults(self.dataset if builtin else USER_DATA, model_key, self.dim)
+        cfg = self._resolve_model_and_data()
+        builtin = isinstance(cfg.dataset, str) and cfg.user_data_file is None
+        model_key = cfg.model if cfg.model in ("logistic", "mlp") else "module"
+        d = dataset_defaults(cfg.dataset if builtin else USER_DATA, model_key, cfg.dim)
+        algo = registry.find(cfg.algorithm)
+        cfg = cfg._resolve_protocol(algo)._resolve_steps(algo, d)._fill_defaults(d, builtin)
+        cfg.validate()
+        return cfg
+
+    def _resolve_protocol(self, algo: registry.Entry) -> RunConfig:
+        """``--protocol`` checked (default algorithm3), and the options it sets filled in
+        where they are unset."""
         if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise ConfigError(
                 f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
             )
         protocol = self.protocol or "algorithm3"
-        algo = registry.find(self.algorithm)
         if protocol not in algo.protocols:
             raise ConfigError(
                 f"--protocol authors is a way to run FA-HMC; use --algorithm fahmc or fald, "
@@ -577,10 +584,15 @@ class RunConfig:
         if self.model not in ("logistic", "mlp") and self.init is None:
             # The authors' nn.Linear start, for any other network: its own initialisation.
             unset["init"] = {"torch-linear": "module"}.get(unset["init"], unset["init"])
-        self = self.replace(
+        return self.replace(
             protocol=protocol,
             **{k: v for k, v in unset.items() if getattr(self, k) is None},
         )
+
+    def _resolve_steps(self, algo: registry.Entry, d: dict) -> RunConfig:
+        """K, the step size, the friction and the chains that ``algo`` implies (``d``: the
+        dataset's defaults), and the pooled data of the stale-gradient samplers. What is
+        left unset takes the dataset's default in `_fill_defaults`."""
         k = self.leapfrog_steps
         if algo.fixed_leapfrog_steps is not None:
             if k not in (None, algo.fixed_leapfrog_steps):
@@ -592,6 +604,7 @@ class RunConfig:
         eta = self.step_size
         friction = self.friction
         chains = self.chains
+        pooled: dict[str, typing.Any] = {}
         if algo.euler:
             if k not in (None, 1):
                 raise ConfigError(
@@ -612,19 +625,25 @@ class RunConfig:
                 if chains is None:  # one server per chain, each with its own workers
                     chains = 1
             elif self.dataset != "gaussian-hetero":  # the pooled data: one "client"
-                self = self.replace(num_clients=1, partition="iid")
+                pooled = {"num_clients": 1, "partition": "iid"}
         elif self.staleness or self.friction is not None:
             raise ConfigError(
                 "--staleness and --friction apply to --algorithm sghmc or sgld only, "
                 f"not {self.algorithm}"
             )
-        cfg = self.replace(
-            leapfrog_steps=10 if k is None else k,
-            step_size=d["step_size"] if eta is None else eta,
-            friction=friction,
+        return self.replace(
+            leapfrog_steps=k, step_size=eta, friction=friction, chains=chains, **pooled
+        )
+
+    def _fill_defaults(self, d: dict, builtin: bool) -> RunConfig:
+        """The settings still unset, from the dataset's defaults ``d`` and the run's own
+        (burn-in, CUDA graphs, scaling); ``builtin``: the data is a named dataset."""
+        return self.replace(
+            leapfrog_steps=10 if self.leapfrog_steps is None else self.leapfrog_steps,
+            step_size=d["step_size"] if self.step_size is None else self.step_size,
             batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
             prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
-            chains=d["chains"] if chains is None else chains,
+            chains=d["chains"] if self.chains is None else self.chains,
             dim=d["dim"] if self.dim is None else self.dim,
             burn_in=self.rounds // 10 if self.burn_in is None else self.burn_in,
             cuda_graphs=(
@@ -636,19 +655,26 @@ class RunConfig:
                 else self.scaling
             ),
         )
-        cfg.validate()
-        return cfg
 
     def _resolve_model_and_data(self) -> RunConfig:
         """The model as an import spec where it has one, the data's checksum, and the client
         split (``given`` where the data carries one); one-line errors otherwise."""
-        from fedhmc.models.module import format_model_args, load_factory, parse_model_args
-
         if self.dataset == IN_MEMORY:
             raise ConfigError(
                 "this run's data was given in memory (Python tensors); continue it from Python "
                 "with the same data: run(RunConfig(..., dataset=data, resume=True))"
             )
+        changes = self._resolved_model()
+        data_changes, clients = self._resolved_data()
+        changes.update(data_changes)
+        changes.update(self._resolved_split(clients))
+        return self.replace(**changes)
+
+    def _resolved_model(self) -> dict[str, typing.Any]:
+        """``model`` (a callable by its import spec where it has one) and ``model_arg``
+        (normalised), checked."""
+        from fedhmc.models.module import format_model_args, load_factory, parse_model_args
+
         changes: dict[str, typing.Any] = {}
         model = self.model
         if not isinstance(model, str):
@@ -674,7 +700,13 @@ class RunConfig:
                 "(--hidden sets the MLP's widths)"
             )
         changes["model_arg"] = format_model_args(kwargs) or None
+        return changes
 
+    def _resolved_data(self) -> tuple[dict[str, typing.Any], int | None]:
+        """The changes for the data (a file's absolute path, the data's ``data_sha256``,
+        refusing data that differ from the run's), and the number of clients of the data's
+        own split (None: it has none)."""
+        changes: dict[str, typing.Any] = {}
         ds, sha, clients = self.dataset, None, None
         if not isinstance(ds, str):
             from fedhmc_datasets.registry import DatasetSplit
@@ -708,6 +740,11 @@ class RunConfig:
                     "start a new run"
                 )
             changes["data_sha256"] = sha
+        return changes, clients
+
+    def _resolved_split(self, clients: int | None) -> dict[str, typing.Any]:
+        """``partition`` (``given`` where the data has ``clients`` of its own, else
+        dirichlet) and ``num_clients`` (default 10)."""
         partition = self.partition or ("given" if clients is not None else "dirichlet")
         num_clients = self.num_clients
         if partition == "given":
@@ -722,36 +759,51 @@ class RunConfig:
                     "data's client_train; drop --num-clients or use another --partition"
                 )
             num_clients = clients
-        changes["partition"] = partition
-        changes["num_clients"] = 10 if num_clients is None else num_clients
-        return self.replace(**changes)
+        return {"partition": partition, "num_clients": 10 if num_clients is None else num_clients}
 
+    # ------------------------------------------------------------- validation
     def validate(self) -> None:
-        """Check ranges; one-line ``ConfigError`` naming the option and the fix."""
+        """Check ranges; one-line ``ConfigError`` naming the option and the fix.
 
-        def need(ok: bool, msg: str) -> None:
-            if not ok:
-                raise ConfigError(msg)
-
+        The checks run in this order, and the first that fails gives the message."""
         algo = registry.find(self.algorithm)
+        self._check_trajectory(algo)
+        self._check_participation(algo)
+        self._check_output()
+        self._check_data_and_clients()
+        self._check_steps()
+        self._check_backend_and_async(algo)
+        self._check_dynamics()
+        self._check_rounds()
+        self._check_device_options()
+        self._check_counts_and_split()
+        self._check_choices()
+        self._check_flower()
+        self._check_model()
+
+    def _check_trajectory(self, algo: registry.Entry) -> None:
+        """``--sync-unit``, ``--fresh-gradients`` and ``--restart-trajectories``."""
         if self.sync_unit == "leapfrog" or self.fresh_gradients or self.restart_trajectories:
-            need(
+            _need(
                 algo.trajectory_options,
                 f"--sync-unit leapfrog, --fresh-gradients and --restart-trajectories apply to "
                 f"--algorithm fahmc or fald, not {self.algorithm}",
             )
-        need(
+        _need(
             not (self.restart_trajectories and self.sync_unit != "leapfrog"),
             "--restart-trajectories needs --sync-unit leapfrog",
         )
+
+    def _check_participation(self, algo: registry.Entry) -> None:
+        """``--clients-per-round`` and ``--participation``."""
         S = self.clients_per_round
         if S is not None or self.participation is not None:
-            need(
+            _need(
                 algo.partial_participation,
                 "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
                 f"not {self.algorithm}{algo.no_partial_reason}",
             )
-        need(
+        _need(
             self.participation is None or S is not None,
             f"--participation {self.participation} has no effect without --clients-per-round "
             "(every client takes part in every round); add --clients-per-round S (1 … N) or "
@@ -759,127 +811,155 @@ class RunConfig:
         )
         if S is not None:
             N = self.num_clients
-            need(S >= 1, f"--clients-per-round must be ≥ 1, got {S}")
-            need(
+            _need(S >= 1, f"--clients-per-round must be ≥ 1, got {S}")
+            _need(
                 N is None or S <= N,
                 f"--clients-per-round {S} is more than the {N} clients; give at most {N}",
             )
+
+    def _check_output(self) -> None:
+        """``--ece-bins``, ``--checkpoint-every``, and ``--resume`` against ``--overwrite``."""
         eb = self.ece_bins
-        need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
+        _need(eb is None or eb >= 1, f"--ece-bins must be ≥ 1, got {eb}")
         ce = self.checkpoint_every
-        need(ce is None or ce >= 0, f"--checkpoint-every must be ≥ 0 rounds, got {ce}")
-        need(
+        _need(ce is None or ce >= 0, f"--checkpoint-every must be ≥ 0 rounds, got {ce}")
+        _need(
             not (self.resume and self.overwrite),
             "--resume continues the run in --out and --overwrite replaces it; pick one",
         )
+
+    def _check_data_and_clients(self) -> None:
+        """``--data-dir`` (an existing folder) and ``--num-clients``."""
         dd = self.data_dir
-        need(
+        _need(
             dd is None or os.path.isdir(os.path.expanduser(dd)),
             f"--data-dir {dd}: no such folder; give the folder that holds the dataset's files "
             "(or drop --data-dir to use the usual places)",
         )
         nc = self.num_clients
-        need(nc is None or nc >= 1, f"--num-clients must be ≥ 1, got {nc}")
-        need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
+        _need(nc is None or nc >= 1, f"--num-clients must be ≥ 1, got {nc}")
+
+    def _check_steps(self) -> None:
+        """T, K, the step size, ρ, the batch size and the staleness."""
+        _need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
         k = self.leapfrog_steps
-        need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
+        _need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
         eta = self.step_size
-        need(
+        _need(
             eta is None or (math.isfinite(eta) and eta > 0),
             f"--step-size must be a positive number, got {eta}",
         )
-        need(
+        _need(
             math.isfinite(self.rho) and 0.0 <= self.rho <= 1.0,
             f"--rho must be in [0, 1], got {self.rho}",
         )
         b = self.batch_size
-        need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
-        need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
-        need(
+        _need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
+        _need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
+
+    def _check_backend_and_async(self, algo: registry.Entry) -> None:
+        """The algorithm's backends, and the asynchronous samplers' options."""
+        _need(
             not (self.backend == "flower" and "flower" not in algo.backends),
             f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
         )
-        need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
-        need(
+        _need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
+        _need(
             self.max_worker_failures >= 1,
             f"--max-worker-failures must be ≥ 1, got {self.max_worker_failures}",
         )
-        need(
+        _need(
             not (algo.asynchronous and self.chains is not None and self.chains > self.num_clients),
             f"--algorithm {self.algorithm} gives each of the --chains {self.chains} servers "
             f"its own workers, but --num-clients is {self.num_clients}; "
             "use --num-clients ≥ --chains",
         )
+
+    def _check_dynamics(self) -> None:
+        """The friction, the anchor batch, the gradient noise, the prior and the
+        temperature."""
         fr = self.friction
-        need(
+        _need(
             fr is None or (math.isfinite(fr) and fr >= 0),
             f"--friction must be ≥ 0, got {fr}",
         )
-        need(
+        _need(
             self.anchor_batch_size >= 0,
             f"--anchor-batch-size must be ≥ 0 (0: full local data), got {self.anchor_batch_size}",
         )
-        need(
+        _need(
             math.isfinite(self.grad_noise) and self.grad_noise >= 0,
             f"--grad-noise must be ≥ 0, got {self.grad_noise}",
         )
         ps = self.prior_std
-        need(
+        _need(
             ps is None or (ps > 0 and not math.isnan(ps)),
             f"--prior-std must be > 0 (inf for a flat prior), got {ps}",
         )
         tau = self.temperature
-        need(
+        _need(
             tau is None or (math.isfinite(tau) and tau > 0),
             f"--temperature must be > 0, got {tau}",
         )
-        need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
+
+    def _check_rounds(self) -> None:
+        """``--rounds`` and ``--burn-in``."""
+        _need(self.rounds >= 1, f"--rounds must be ≥ 1, got {self.rounds}")
         bi = self.burn_in
-        need(bi is None or bi >= 0, f"--burn-in must be ≥ 0, got {bi}")
-        need(
+        _need(bi is None or bi >= 0, f"--burn-in must be ≥ 0, got {bi}")
+        _need(
             bi is None or bi < self.rounds,
             f"--burn-in {bi} leaves no round to sample in --rounds {self.rounds}; "
             f"use --burn-in below {self.rounds}",
         )
-        need(
+
+    def _check_device_options(self) -> None:
+        """``--cuda-graphs``, ``--client-gpus`` and ``--device`` (this machine has it)."""
+        _need(
             not self.cuda_graphs or self.device.startswith("cuda"),
             f"--cuda-graphs needs --device cuda (this run is on {self.device}); drop it",
         )
         cg = self.client_gpus
-        need(
+        _need(
             cg is None or (math.isfinite(cg) and 0 < cg <= 1),
             f"--client-gpus must be a share of one GPU in (0, 1], got {cg}",
         )
         if self.device != "cpu":
             check_device(self.device)
-        need(
+        _need(
             cg is None or self.backend == "flower",
             "--client-gpus sets the GPU share of Flower's simulated clients; "
             "add --backend flower or drop it",
         )
-        need(
+        _need(
             cg is None or self.device.startswith("cuda"),
             "--client-gpus gives Flower's clients a share of a GPU; add --device cuda or drop it",
         )
-        need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
-        need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
-        need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
-        need(
+
+    def _check_counts_and_split(self) -> None:
+        """``--thin``, ``--chains``, ``--dim``, and the parameters of the client split."""
+        _need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
+        _need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
+        _need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
+        _need(
             self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
             f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",
         )
-        need(
+        _need(
             self.min_client_size is None or self.min_client_size >= 1,
             f"--min-client-size must be ≥ 1 example, got {self.min_client_size}",
         )
-        need(
+        _need(
             self.classes_per_client >= 1,
             f"--classes-per-client must be ≥ 1, got {self.classes_per_client}",
         )
-        need(
+        _need(
             self.quantity_sigma >= 0 and math.isfinite(self.quantity_sigma),
             f"--quantity-sigma must be a finite number ≥ 0, got {self.quantity_sigma}",
         )
+
+    def _check_choices(self) -> None:
+        """The settings that take one of a list of values."""
         for name, choices in (
             ("algorithm", ALGORITHMS),
             ("backend", BACKENDS),
@@ -889,7 +969,7 @@ class RunConfig:
             ("model_batching", BATCHINGS),
         ):
             v = getattr(self, name)
-            need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
+            _need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
         for name, choices in (
             ("protocol", PROTOCOLS),
             ("sync_unit", SYNC_UNITS),
@@ -899,43 +979,49 @@ class RunConfig:
         ):
             v = getattr(self, name)
             flag = name.replace("_", "-")
-            need(
+            _need(
                 v is None or v in choices,
                 f"--{flag} must be one of {', '.join(choices)}; got {v!r}",
             )
-        need(
+        _need(
             self.scaling is None or self.scaling in SCALINGS,
             f"--scaling must be one of {', '.join(SCALINGS)}; got {self.scaling!r}",
         )
-        need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
-        need(
+
+    def _check_flower(self) -> None:
+        """The Flower backend's timeouts, straggler deadline and failure limits."""
+        _need(self.round_timeout > 0, f"--round-timeout must be > 0, got {self.round_timeout}")
+        _need(
             math.isfinite(self.straggler_factor) and self.straggler_factor >= 0,
             f"--straggler-factor must be >= 0 (0 turns it off), got {self.straggler_factor}",
         )
-        need(
+        _need(
             math.isfinite(self.straggler_floor) and self.straggler_floor > 0,
             f"--straggler-floor must be > 0 seconds, got {self.straggler_floor}",
         )
-        need(
+        _need(
             self.node_wait_timeout > 0,
             f"--node-wait-timeout must be > 0, got {self.node_wait_timeout}",
         )
         mc = self.min_clients
-        need(
+        _need(
             mc is None or 1 <= mc <= self.num_clients,
             f"--min-clients must be in [1, --num-clients={self.num_clients}], got {mc}",
         )
-        need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
+        _need(self.max_failed_rounds >= 1, "--max-failed-rounds must be ≥ 1")
 
-        need(
+    def _check_model(self) -> None:
+        """``--model``, the MLP's ``--hidden``, and the gradient evaluations per round."""
+        _need(
             not isinstance(self.model, str) or self.model in MODELS or ":" in self.model,
             f"--model must be one of {', '.join(MODELS)} or a PACKAGE.MODULE:FACTORY spec "
             f"such as mypackage.nets:make_cnn; got {self.model!r}",
         )
         if self.model == "mlp":
             self.hidden_widths  # noqa: B018  (validates)
+        k, eta = self.leapfrog_steps, self.step_size
         if k is not None and eta is not None:
-            need(
+            _need(
                 self.local_steps * max(k + 1, 2 * k) < (1 << 29),
                 "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient "
                 "evaluations per round",
@@ -946,6 +1032,12 @@ class RunConfig:
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+def _need(ok: bool, msg: str) -> None:
+    """Raise ``ConfigError(msg)`` unless ``ok``."""
+    if not ok:
+        raise ConfigError(msg)
 
 
 def check_device(

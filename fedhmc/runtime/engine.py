@@ -1,11 +1,13 @@
-"""The round loop shared by both backends, and the in-process batched engine.
+"""The round loop shared by every backend, and the in-process batched engine.
 
 [`run_loop`][fedhmc.runtime.engine.run_loop] owns everything that happens between rounds: the
 non-finite check, collecting the global sample every ``thin`` rounds after ``burn_in``, evaluating
-it, the progress bar, and the run's files. A backend only supplies ``round_fn(theta_bar, r)``:
-[`run`][fedhmc.runtime.engine.run] (``fedhmc run``) advances all clients and chains in one batched
-computation; the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages their
-replies.
+it, the progress bar, the checkpoints and the run's files. A backend (a
+[`Backend`][fedhmc.runtime.engine.Backend]) runs one round at a time and holds θ̄:
+[`EngineBackend`][fedhmc.runtime.engine.EngineBackend] (``fedhmc run``, through
+[`run`][fedhmc.runtime.engine.run]) advances all clients and chains in one batched
+computation; the Flower ServerApp (``fedhmc_server``) sends θ̄ to the clients and averages
+their replies.
 """
 
 from __future__ import annotations
@@ -20,11 +22,14 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Protocol
 
 import torch
 
 from fedhmc.algorithms import fahmc, registry
 from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
+from fedhmc.runtime import checkpoint
+from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import RunWriter
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
@@ -114,17 +119,43 @@ class RunResult:
         return self.history[-1] if self.history else {}
 
 
-RoundFn = Callable[[torch.Tensor, int], tuple[torch.Tensor, RoundStats]]
-BackendState = tuple[Callable[[], dict], Callable[[dict], None]]
-"""(get, set) of what a backend keeps between rounds, for checkpoints."""
+class Backend(Protocol):
+    """What [`run_loop`][fedhmc.runtime.engine.run_loop] drives: a run's rounds, one at a
+    time, and θ̄, which the backend alone holds.
+
+    ``round(r)`` runs round ``r`` (1-based) and advances ``position``; when it raises a
+    FedHMCError nothing of round ``r`` may have been applied (the loop then checkpoints
+    round ``r − 1``). ``state_dict()`` is what a checkpoint keeps of the backend, θ̄
+    included, or None when the backend cannot be resumed (``--resume`` is then refused);
+    the loop asks for it once at the start and at each checkpoint. ``load_state_dict``
+    takes a saved one back, its tensors already on ``position``'s device. ``summary()``'s
+    items join ``summary.json`` at the end of the run, also after a failure.
+    """
+
+    name: str
+    """``summary.json``'s ``backend``: ``"engine"`` or ``"flower"``."""
+
+    @property
+    def position(self) -> torch.Tensor:
+        """θ̄ (S, D) now: θ₀ before round 1."""
+        ...
+
+    def round(self, r: int) -> RoundStats: ...
+
+    def state_dict(self) -> dict | None: ...
+
+    def load_state_dict(self, saved: dict) -> None: ...
+
+    def summary(self) -> dict: ...
+
 
 CHECKPOINT_SECONDS = 60.0
+"""With ``--checkpoint-every`` unset, a checkpoint at most once a minute (and on a stop)."""
 ENERGY_EXPLODED = 1e4
 """A round whose mean |ΔH| per leapfrog trajectory exceeds this many times the dimension
 ends the run as diverged: every coordinate gained about 2 × 10⁴ times the kinetic energy of
 a fresh momentum in one trajectory, which a stable integrator does not do. (At the
 authors' tuned Fashion-MNIST settings it is about 50–400 × d in the first rounds.)"""
-"""With ``--checkpoint-every`` unset, a checkpoint at most once a minute (and on a stop)."""
 
 
 class StopRequest:
@@ -271,28 +302,22 @@ def _parse(v: str):
 def run_loop(
     cfg: RunConfig,
     evaluator,
-    theta0: torch.Tensor,
-    round_fn: RoundFn,
+    backend: Backend,
     *,
     dim: int,
     num_clients: int,
     description: str,
-    backend: str,
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
-    summary_extra: Callable[[], dict] | None = None,
-    backend_state: BackendState | None = None,
 ) -> RunResult:
-    """Run ``cfg.rounds`` rounds of ``round_fn`` and write the run's files to ``cfg.out``.
+    """Run rounds ``1 … cfg.rounds`` of ``backend`` and write the run's files to ``cfg.out``.
 
-    ``summary_extra``, if given, is called once at the end (also after a failure) and its
-    items join ``summary.json``: a backend's own report. ``backend_state`` is the (get,
-    set) pair of what the backend keeps between rounds, saved in checkpoints.
-
-    Checkpoints (`fedhmc.runtime.checkpoint`) are written every ``--checkpoint-every`` rounds
-    (unset: at most once a minute), at the end, and when SIGINT or SIGTERM stops the run
-    after the round in flight. With ``--resume`` the run continues from its checkpoint and
-    gives the same numbers as a run that was never stopped.
+    After each round the loop reads θ̄ from ``backend.position``, checks it, evaluates it
+    and collects it; ``dim``, ``num_clients`` and ``description`` are what ``summary.json``
+    says of the problem. Checkpoints (`fedhmc.runtime.checkpoint`) are written every
+    ``--checkpoint-every`` rounds (unset: at most once a minute), at the end, and when
+    SIGINT or SIGTERM stops the run after the round in flight. With ``--resume`` the run
+    continues from its checkpoint and gives the same numbers as a run never stopped.
 
     Raises
     ------
@@ -303,7 +328,8 @@ def run_loop(
     """
     from fedhmc.runtime.lock import FolderLock
 
-    if cfg.resume and backend_state is None:
+    resumable = backend.state_dict() is not None
+    if cfg.resume and not resumable:
         raise ConfigError(
             f"--algorithm {cfg.algorithm} cannot be resumed (its server state is not "
             "checkpointed); start it again with --overwrite"
@@ -317,32 +343,325 @@ def run_loop(
     try:
         resumed = prepare_out(cfg)
         started = True
-        return _run_locked(
-            cfg, resumed, evaluator, theta0, round_fn, dim, num_clients, description,
-            backend, progress, on_round, summary_extra, backend_state,
-        )  # fmt: skip
+        about = (dim, num_clients, description)
+        run = _Run(cfg, evaluator, backend, about, resumable=resumable, progress=progress)
+        run.on_round = on_round
+        run.open(resumed)
+        return run.loop()
     finally:
         lock.release(discard=not started)
 
 
-def _run_locked(
-    cfg, resumed, evaluator, theta0, round_fn, dim, num_clients, description, backend,
-    progress, on_round, summary_extra, backend_state,
-) -> RunResult:  # fmt: skip
-    """``run_loop``'s body, run while the folder's lock is held (``resumed``: the
-    checkpoint a resumed run continues from, or None)."""
-    from fedhmc.runtime import checkpoint
+class _Run:
+    """One run of `run_loop`, while its folder's lock is held: its files, running totals,
+    collected draws, time and status, and the round in flight."""
 
-    columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
-    keep = None
-    if resumed is not None:
-        # The sampler's state first: a checkpoint whose state this run cannot take is
-        # refused before any file of the run is touched.
-        if backend_state is not None:
-            backend_state[1](checkpoint.to_device(resumed.get("backend") or {}, theta0.device))
-        _note_extension(cfg, resumed)
-        keep = _history_from_csv(Path(cfg.out) / "metrics.csv", int(resumed["round"]))
-    writer = RunWriter(cfg.out, columns, keep_rows=keep)
+    def __init__(
+        self,
+        cfg: RunConfig,
+        evaluator,
+        backend: Backend,
+        about: tuple[int, int, str],
+        *,
+        resumable: bool,
+        progress: bool,
+    ):
+        self.cfg, self.evaluator, self.backend = cfg, evaluator, backend
+        self.about = about  # dim, num_clients, description: what summary.json says of them
+        self.resumable, self.progress = resumable, progress
+        self.on_round: Callable[[dict], None] | None = None
+        theta0 = backend.position
+        self.device = theta0.device  # the backend's state's, as θ₀'s
+        self.result = RunResult(cfg, theta0)
+        self.columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
+        self.grad_evals, self.wall_before = 0, 0.0
+        self.totals = dict.fromkeys(ROUND_COLUMNS, 0)
+        self.draws: list[torch.Tensor] = []
+        self.keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
+        self.start, self.resumed = 1, False
+        self.saved_round: int | None = None  # the newest checkpoint's round
+        self.r: int | None = None  # the round in flight
+        self.status, self.stop_round = "running", None
+        self.writer: RunWriter | None = None
+        self.tb = self.bar = None
+        self.t0, self.last_checkpoint = time.perf_counter(), time.monotonic()
+
+    def wall(self) -> float:
+        return self.wall_before + time.perf_counter() - self.t0
+
+    # ------------------------------------------------------------------ start
+    def open(self, resumed: dict | None) -> None:
+        """Take back the checkpoint a resumed run continues from (``resumed``; None: a new
+        run) and open the run's files."""
+        keep = None
+        if resumed is not None:
+            # The sampler's state first: a checkpoint whose state this run cannot take is
+            # refused before any file of the run is touched.
+            saved = checkpoint.to_device(resumed.get("backend") or {}, self.device)
+            self.backend.load_state_dict(saved)
+            _note_extension(self.cfg, resumed)
+            keep = _history_from_csv(Path(self.cfg.out) / "metrics.csv", int(resumed["round"]))
+        self.writer = RunWriter(self.cfg.out, self.columns, keep_rows=keep)
+        self.writer.write_config(_config_record(self.cfg, self.evaluator))
+        if resumed is not None:
+            retire_export(self.cfg.out)
+        if self.cfg.tensorboard:
+            from fedhmc.runtime.output import TensorBoardLog
+
+            start_round = int(resumed["round"]) + 1 if resumed is not None else 1
+            self.tb = TensorBoardLog(self.cfg.tensorboard, self.cfg.to_dict(), start_round)
+        if resumed is not None:
+            self._resume(resumed, keep)
+        self.t0 = time.perf_counter()
+
+    def _resume(self, resumed: dict, history: list[dict]) -> None:
+        """The loop's own part of the checkpoint: counters, draws, samples, the evaluator's
+        running average and the metrics so far. θ̄ is the backend's (its state holds it;
+        a format-2 checkpoint's separate ``theta_bar`` is the same tensor, left unread)."""
+        _note_device_change(self.cfg, resumed)
+        # The checkpoint's tensors were loaded on the CPU; each goes to the device of the
+        # part of the run that uses it (the backend's state: θ₀'s; the evaluator's running
+        # average: its test data's). The draws and samples stay on the CPU.
+        self.start = int(resumed["round"]) + 1
+        self.saved_round, self.resumed = self.start - 1, True
+        self.result.theta_bar = self.backend.position
+        self.grad_evals = int(resumed["grad_evals"])
+        self.wall_before = float(resumed["wall_s"])
+        self.totals = {k: int(v) for k, v in resumed["totals"].items()}
+        self.keep_draws = bool(resumed["keep_draws"])
+        if resumed.get("draws") is not None:
+            self.draws = list(resumed["draws"].cpu().unbind(0))
+        if resumed.get("samples") is not None:
+            self.writer.samples = [x.cpu().numpy() for x in resumed["samples"].unbind(0)]
+        device = _evaluator_device(self.evaluator, self.device)
+        self.evaluator.load_state_dict(checkpoint.to_device(resumed["evaluator"], device))
+        self.result.history = history
+
+    # ------------------------------------------------------------------ rounds
+    def loop(self) -> RunResult:
+        """Rounds ``start`` … ``cfg.rounds``; the summary is written however they end."""
+        self.last_checkpoint = time.monotonic()
+        self.writer.write_summary(self._running(self.start - 1))
+        self.bar = _progress(self.cfg.rounds, self.progress, initial=self.start - 1)
+        try:
+            with _Stop(announce=self.progress) as stop:
+                for r in range(self.start, self.cfg.rounds + 1):
+                    self.r = r
+                    self._round(r)
+                    self._after_round(r, stop)
+            self.status = "completed"
+        except KeyboardInterrupt:
+            self.status = "interrupted"
+            raise
+        except RunInterrupted:
+            raise
+        except FedHMCError as e:
+            self.status = "diverged" if self.status == "diverged" else "failed"
+            self._explain(e)
+            raise
+        except Exception:
+            self.status = "diverged" if self.status == "diverged" else "failed"
+            raise
+        finally:
+            self._finish()
+        return self.result
+
+    def _round(self, r: int) -> None:
+        """Round ``r``: the backend's, then θ̄'s checks, evaluation and collection, and the
+        round's row in every output."""
+        try:
+            stats = self.backend.round(r)
+        except FedHMCError as e:  # the user's module, or the clients, failed
+            resumable = self.resumable and not isinstance(e, (NonFiniteError, RunInterrupted))
+            if resumable and r > self.start:  # nothing of round r was applied yet
+                self._checkpoint(r - 1)
+            raise
+        self.grad_evals += stats.grad_evals
+        theta = self.backend.position
+        self._check(r, stats, theta)
+        collect = is_collect_round(self.cfg, r)
+        metrics = self.evaluator(theta, collect)
+        sick = self.evaluator.health(metrics) if hasattr(self.evaluator, "health") else None
+        if sick is not None:
+            self._diverged(f"round {r}: {sick}", 10)
+        self._collect(theta, collect)
+        self._record(self._row(r, metrics, stats), metrics, theta)
+
+    def _check(self, r: int, stats: RoundStats, theta: torch.Tensor) -> None:
+        """A non-finite θ̄ or energy, or an exploded energy error, ends the run as diverged."""
+        if not (stats.finite and torch.isfinite(theta).all()):
+            self._diverged(f"round {r}: the chain diverged (non-finite position or energy)", 2)
+        de, dim = stats.energy_error, self.about[0]
+        if de is not None and not de <= ENERGY_EXPLODED * max(dim, 1):
+            self._diverged(
+                f"round {r}: the leapfrog's energy error exploded (|ΔH| = {de:.3g} "
+                f"per trajectory for d = {dim}, above {ENERGY_EXPLODED:g}·d)",
+                10,
+            )
+
+    def _diverged(self, why: str, smaller: int):
+        """Stop the run as diverged, for ``why``, suggesting a step size ``smaller`` times
+        smaller."""
+        self.status = "diverged"
+        h = self.cfg.step_size
+        raise NonFiniteError(f"{why}; try a smaller --step-size than {h:g}, e.g. {h / smaller:g}")
+
+    def _collect(self, theta: torch.Tensor, collect: bool) -> None:
+        if collect and self.cfg.save_samples:
+            self.writer.add_sample(theta)
+        if collect and self.keep_draws:
+            self.draws.append(theta.detach().to("cpu", torch.float32).clone())
+            self.keep_draws = len(self.draws) * theta.numel() <= DIAGNOSTICS_MAX_VALUES
+
+    def _row(self, r: int, metrics: dict, stats: RoundStats) -> dict:
+        """metrics.csv's row of round ``r`` (the totals counted)."""
+        extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
+        for k in ROUND_COLUMNS:
+            self.totals[k] += extra[k]
+        return {
+            "round": r,
+            **metrics,
+            **extra,
+            "energy_error": stats.energy_error,
+            "wall_s": self.wall(),
+            "grad_evals": self.grad_evals,
+        }
+
+    def _record(self, row: dict, metrics: dict, theta: torch.Tensor) -> None:
+        self.writer.write_row(row)
+        if self.tb is not None:
+            self.tb.log(row)
+        self.result.history.append(row)
+        self.result.theta_bar = theta
+        if self.on_round is not None:
+            self.on_round(row)
+        if self.bar is not None:
+            self.bar.update(1)
+            self.bar.set_postfix(_postfix(metrics), refresh=False)
+
+    def _after_round(self, r: int, stop: _Stop) -> None:
+        """A checkpoint when one is due (or a stop was asked for), then the stop."""
+        every = self.cfg.checkpoint_every
+        due = (
+            time.monotonic() - self.last_checkpoint >= CHECKPOINT_SECONDS
+            if every is None
+            else every > 0 and r % every == 0
+        )
+        if stop.signum is not None or r == self.cfg.rounds or due:
+            self._checkpoint(r)
+            self.last_checkpoint = time.monotonic()
+        if stop.signum is not None and r < self.cfg.rounds:
+            self.stop_round = r
+            self.status = "interrupted"
+            raise RunInterrupted(stop.signum, r, str(self.cfg.out))
+
+    # ------------------------------------------------------------------ checkpoints
+    def _checkpoint(self, r: int) -> None:
+        checkpoint.save(self.cfg.out, self._payload(r))
+        self.saved_round = r
+        if r < self.cfg.rounds:  # how far the run got, should it be killed before its end
+            self.writer.write_summary(self._running(r))
+
+    def _payload(self, r: int) -> dict:
+        """The checkpoint of round ``r`` (`fedhmc.runtime.checkpoint`, format 3): θ̄ is
+        in the backend's state, not beside it."""
+        import numpy as np
+
+        samples = self.writer.samples
+        return {
+            "round": r,
+            "config": self.cfg.to_dict(),
+            "device": checkpoint.device_name(self.cfg.device),
+            "grad_evals": self.grad_evals,
+            "wall_s": self.wall(),
+            "totals": self.totals,
+            "keep_draws": self.keep_draws,
+            "draws": torch.stack(self.draws) if self.draws and self.keep_draws else None,
+            "samples": torch.from_numpy(np.stack(samples)) if samples else None,
+            "evaluator": self.evaluator.state_dict(),
+            "backend": self.backend.state_dict(),
+        }
+
+    def _running(self, rounds_completed: int) -> dict:
+        return {
+            "status": "running",
+            "rounds_completed": rounds_completed,
+            "backend": self.backend.name,
+        }
+
+    def _explain(self, e: FedHMCError) -> None:
+        """A failure's message, with what the run keeps and how to go on once fixed."""
+        if self.resumable and not isinstance(e, NonFiniteError) and e.args:
+            r = self.r
+            where = "" if r is None or str(e).startswith("round ") else f"round {r}: "
+            e.args = (f"{where}{e.args[0]}; {_kept(self.cfg, self.saved_round)}", *e.args[1:])
+
+    # ------------------------------------------------------------------ the end
+    def _finish(self) -> None:
+        """summary.json and samples.npy, however the rounds ended; the files closed."""
+        if self.bar is not None:
+            self.bar.close()
+        self.result.summary = self._summary()
+        self.writer.write_samples()
+        self.writer.write_summary(self.result.summary)
+        self.writer.close()
+        if self.tb is not None:
+            self.tb.close()
+
+    def _summary(self) -> dict:
+        cfg, result = self.cfg, self.result
+        total_wall = self.wall()
+        dim, num_clients, description = self.about
+        final = {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
+        summary = {
+            "status": self.status,
+            "rounds_completed": len(result.history),
+            "rounds": cfg.rounds,
+            "final": finite_or_none(final),
+            "wall_s": total_wall,
+            "grad_evals": self.grad_evals,
+            "grad_evals_per_s": self.grad_evals / max(total_wall, 1e-9),
+            "threads": torch.get_num_threads(),
+            "bytes_down": self.totals["bytes_down"],
+            "bytes_up": self.totals["bytes_up"],
+            "bytes_total": self.totals["bytes_down"] + self.totals["bytes_up"],
+            "client_failures": self.totals["failed"],
+            "dim": dim,
+            "num_clients": num_clients,
+            "data": description,
+            "backend": self.backend.name,
+            "protocol": protocol_record(cfg),
+            "diagnostics": _diagnostics(self.draws, self.keep_draws),
+        }
+        self._notes(summary)
+        summary.update(_model_summary(self.evaluator))
+        summary.update(self.backend.summary())
+        return summary
+
+    def _notes(self, summary: dict) -> None:
+        """The summary's notes: a convergence warning, where a resumed run started, how
+        to continue an interrupted one."""
+        diag = summary["diagnostics"]
+        if diag is not None and self.status == "completed":
+            from fedhmc.analysis.diagnostics import warning
+
+            text = warning(diag)
+            if text is not None:
+                summary["convergence_warning"] = text
+        if self.resumed:
+            summary["resumed_from_round"] = self.start - 1
+        if self.status == "interrupted":
+            summary["resume"] = f"fedhmc run --resume {self.cfg.out}"
+            if self.stop_round is None:
+                summary["note"] = (
+                    "stopped at once by a second signal: the last checkpoint is older than "
+                    "the last round in metrics.csv; --resume continues from the checkpoint"
+                )
+
+
+def _config_record(cfg: RunConfig, evaluator) -> dict:
+    """config.json: the run's settings, what its step size means, and the parameters a
+    module keeps fixed (not in θ)."""
     from fedhmc.runtime.config import step_size_meaning
 
     record = {**cfg.recorded(), "step_size_means": step_size_meaning(cfg.algorithm)}
@@ -350,244 +669,32 @@ def _run_locked(
     if hasattr(model, "frozen_layout"):  # a module: the parameters it keeps fixed, not in θ
         record["model_frozen"] = [[n, list(s), d] for n, s, d in model.frozen_layout()]
         record["model_frozen_sha256"] = model.frozen_sha256()
-    writer.write_config(record)
-    if resumed is not None:
-        retire_export(cfg.out)
-    tb = None
-    if cfg.tensorboard:
-        from fedhmc.runtime.output import TensorBoardLog
+    return record
 
-        start_round = int(resumed["round"]) + 1 if resumed is not None else 1
-        tb = TensorBoardLog(cfg.tensorboard, cfg.to_dict(), start_round)
-    theta_bar = theta0
-    result = RunResult(cfg, theta_bar)
-    grad_evals, wall_before = 0, 0.0
-    totals = dict.fromkeys(ROUND_COLUMNS, 0)
-    draws: list[torch.Tensor] = []
-    keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
-    start = 1
-    if resumed is not None:
-        _note_device_change(cfg, resumed)
-        # The checkpoint's tensors were loaded on the CPU; each goes to the device of the
-        # part of the run that uses it (θ̄ and the backend's state: θ₀'s; the evaluator's
-        # running average: its test data's). The draws and samples stay on the CPU.
-        start = int(resumed["round"]) + 1
-        theta_bar = resumed["theta_bar"].to(theta0.device, theta0.dtype)
-        result.theta_bar = theta_bar
-        grad_evals = int(resumed["grad_evals"])
-        wall_before = float(resumed["wall_s"])
-        totals = {k: int(v) for k, v in resumed["totals"].items()}
-        keep_draws = bool(resumed["keep_draws"])
-        if resumed.get("draws") is not None:
-            draws = list(resumed["draws"].cpu().unbind(0))
-        if resumed.get("samples") is not None:
-            writer.samples = [x.cpu().numpy() for x in resumed["samples"].unbind(0)]
-        evaluator.load_state_dict(
-            checkpoint.to_device(resumed["evaluator"], _evaluator_device(evaluator, theta0))
-        )
-        result.history = keep
-    t0 = time.perf_counter()
 
-    def wall() -> float:
-        return wall_before + time.perf_counter() - t0
-
-    saved_round = int(resumed["round"]) if resumed is not None else None
-
-    def save_checkpoint(r: int) -> None:
-        nonlocal saved_round
-        checkpoint.save(
-            cfg.out,
-            {
-                "round": r,
-                "config": cfg.to_dict(),
-                "device": checkpoint.device_name(cfg.device),
-                "theta_bar": theta_bar.detach().cpu(),
-                "grad_evals": grad_evals,
-                "wall_s": wall(),
-                "totals": totals,
-                "keep_draws": keep_draws,
-                "draws": torch.stack(draws) if draws and keep_draws else None,
-                "samples": (
-                    torch.from_numpy(__import__("numpy").stack(writer.samples))
-                    if writer.samples
-                    else None
-                ),
-                "evaluator": evaluator.state_dict(),
-                "backend": backend_state[0]() if backend_state is not None else {},
-            },
-        )
-        saved_round = r
-        if r < cfg.rounds:  # how far the run got, should it be killed before its end
-            writer.write_summary({"status": "running", "rounds_completed": r, "backend": backend})
-
-    status = "running"
-    stop_round = None
-    last_ckpt = time.monotonic()
-    writer.write_summary({"status": "running", "rounds_completed": start - 1, "backend": backend})
-    bar = _progress(cfg.rounds, progress, initial=start - 1)
-    r = None  # the round in flight
-    try:
-        with _Stop(announce=progress) as stop:
-            for r in range(start, cfg.rounds + 1):
-                try:
-                    new_theta, stats = round_fn(theta_bar, r)
-                except FedHMCError as e:  # the user's module, or the clients, failed
-                    resumable = backend_state is not None and not isinstance(
-                        e, (NonFiniteError, RunInterrupted)
-                    )
-                    if resumable and r > start:  # nothing of round r was applied yet
-                        save_checkpoint(r - 1)
-                    raise
-                grad_evals += stats.grad_evals
-                if not (stats.finite and torch.isfinite(new_theta).all()):
-                    status = "diverged"
-                    raise NonFiniteError(
-                        f"round {r}: the chain diverged (non-finite position or energy); "
-                        f"try a smaller --step-size than {cfg.step_size:g}, "
-                        f"e.g. {cfg.step_size / 2:g}"
-                    )
-                de = stats.energy_error
-                if de is not None and not de <= ENERGY_EXPLODED * max(dim, 1):
-                    status = "diverged"
-                    raise NonFiniteError(
-                        f"round {r}: the leapfrog's energy error exploded (|ΔH| = {de:.3g} "
-                        f"per trajectory for d = {dim}, above {ENERGY_EXPLODED:g}·d); "
-                        f"try a smaller --step-size than {cfg.step_size:g}, "
-                        f"e.g. {cfg.step_size / 10:g}"
-                    )
-                theta_bar = new_theta
-                collect = is_collect_round(cfg, r)
-                metrics = evaluator(theta_bar, collect)
-                sick = evaluator.health(metrics) if hasattr(evaluator, "health") else None
-                if sick is not None:
-                    status = "diverged"
-                    raise NonFiniteError(
-                        f"round {r}: {sick}; try a smaller --step-size than "
-                        f"{cfg.step_size:g}, e.g. {cfg.step_size / 10:g}"
-                    )
-                if collect and cfg.save_samples:
-                    writer.add_sample(theta_bar)
-                if collect and keep_draws:
-                    draws.append(theta_bar.detach().to("cpu", torch.float32).clone())
-                    keep_draws = len(draws) * theta_bar.numel() <= DIAGNOSTICS_MAX_VALUES
-                extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
-                for k in ROUND_COLUMNS:
-                    totals[k] += extra[k]
-                row = {
-                    "round": r,
-                    **metrics,
-                    **extra,
-                    "energy_error": stats.energy_error,
-                    "wall_s": wall(),
-                    "grad_evals": grad_evals,
-                }
-                writer.write_row(row)
-                if tb is not None:
-                    tb.log(row)
-                result.history.append(row)
-                result.theta_bar = theta_bar
-                if on_round is not None:
-                    on_round(row)
-                if bar is not None:
-                    bar.update(1)
-                    bar.set_postfix(_postfix(metrics), refresh=False)
-                every = cfg.checkpoint_every
-                due = (
-                    time.monotonic() - last_ckpt >= CHECKPOINT_SECONDS
-                    if every is None
-                    else every > 0 and r % every == 0
-                )
-                if stop.signum is not None or r == cfg.rounds or due:
-                    save_checkpoint(r)
-                    last_ckpt = time.monotonic()
-                if stop.signum is not None and r < cfg.rounds:
-                    stop_round = r
-                    status = "interrupted"
-                    raise RunInterrupted(stop.signum, r, str(cfg.out))
-        status = "completed"
-    except KeyboardInterrupt:
-        status = "interrupted"
-        raise
-    except RunInterrupted:
-        raise
-    except FedHMCError as e:
-        status = "diverged" if status == "diverged" else "failed"
-        if backend_state is not None and not isinstance(e, NonFiniteError) and e.args:
-            where = "" if r is None or str(e).startswith("round ") else f"round {r}: "
-            e.args = (f"{where}{e.args[0]}; {_kept(cfg, saved_round)}", *e.args[1:])
-        raise
-    except Exception:
-        status = "diverged" if status == "diverged" else "failed"
-        raise
-    finally:
-        if bar is not None:
-            bar.close()
-        total_wall = wall()
-        rounds_done = len(result.history)
-        final = {k: v for k, v in result.final.items() if k not in ("wall_s", "grad_evals")}
-        result.summary = {
-            "status": status,
-            "rounds_completed": rounds_done,
-            "rounds": cfg.rounds,
-            "final": finite_or_none(final),
-            "wall_s": total_wall,
-            "grad_evals": grad_evals,
-            "grad_evals_per_s": grad_evals / max(total_wall, 1e-9),
-            "threads": torch.get_num_threads(),
-            "bytes_down": totals["bytes_down"],
-            "bytes_up": totals["bytes_up"],
-            "bytes_total": totals["bytes_down"] + totals["bytes_up"],
-            "client_failures": totals["failed"],
-            "dim": dim,
-            "num_clients": num_clients,
-            "data": description,
-            "backend": backend,
-            "protocol": protocol_record(cfg),
-            "diagnostics": _diagnostics(draws, keep_draws),
-        }
-        diag = result.summary["diagnostics"]
-        if diag is not None and status == "completed":
-            from fedhmc.analysis.diagnostics import warning
-
-            text = warning(diag)
-            if text is not None:
-                result.summary["convergence_warning"] = text
-        if resumed is not None:
-            result.summary["resumed_from_round"] = start - 1
-        if status == "interrupted":
-            result.summary["resume"] = f"fedhmc run --resume {cfg.out}"
-            if stop_round is None:
-                result.summary["note"] = (
-                    "stopped at once by a second signal: the last checkpoint is older than "
-                    "the last round in metrics.csv; --resume continues from the checkpoint"
-                )
-        if getattr(evaluator, "ece_bins", None) is not None:
-            result.summary["ece_bins"] = evaluator.ece_bins
-        model = getattr(evaluator, "model", None)
-        if model is not None:  # the parameters' layout (fedhmc export names them)
-            result.summary["model"] = getattr(model, "name", None)
-            result.summary["model_shapes"] = {
-                "num_features": getattr(model, "num_features", None),
-                "num_classes": getattr(model, "num_classes", None),
-            }
-            if hasattr(model, "parameter_layout"):  # a module: its parameters, in θ's order
-                result.summary["model_parameters"] = [
-                    [name, list(shape)] for name, shape in model.parameter_layout()
-                ]
-            if hasattr(model, "frozen_layout"):  # its parameters that were not sampled
-                result.summary["model_frozen"] = [
-                    [name, list(shape), dtype] for name, shape, dtype in model.frozen_layout()
-                ]
-            if hasattr(model, "batching"):
-                result.summary["model_batching"] = model.batching
-        if summary_extra is not None:
-            result.summary.update(summary_extra())
-        writer.write_samples()
-        writer.write_summary(result.summary)
-        writer.close()
-        if tb is not None:
-            tb.close()
-    return result
+def _model_summary(evaluator) -> dict:
+    """What summary.json says of the evaluator's model: its ECE bins, and the parameters'
+    layout (fedhmc export names them)."""
+    out = {}
+    if getattr(evaluator, "ece_bins", None) is not None:
+        out["ece_bins"] = evaluator.ece_bins
+    model = getattr(evaluator, "model", None)
+    if model is None:
+        return out
+    out["model"] = getattr(model, "name", None)
+    out["model_shapes"] = {
+        "num_features": getattr(model, "num_features", None),
+        "num_classes": getattr(model, "num_classes", None),
+    }
+    if hasattr(model, "parameter_layout"):  # a module: its parameters, in θ's order
+        out["model_parameters"] = [[name, list(shape)] for name, shape in model.parameter_layout()]
+    if hasattr(model, "frozen_layout"):  # its parameters that were not sampled
+        out["model_frozen"] = [
+            [name, list(shape), dtype] for name, shape, dtype in model.frozen_layout()
+        ]
+    if hasattr(model, "batching"):
+        out["model_batching"] = model.batching
+    return out
 
 
 def _kept(cfg: RunConfig, saved_round: int | None) -> str:
@@ -652,10 +759,11 @@ def _note_device_change(cfg: RunConfig, resumed: dict) -> None:
         print(f"fedhmc: resuming on {now} a run that was saved on {before}", file=sys.stderr)
 
 
-def _evaluator_device(evaluator, theta0: torch.Tensor) -> torch.device:
-    """Where the evaluator keeps its tensors: its test inputs' device, else θ₀'s."""
+def _evaluator_device(evaluator, device: torch.device) -> torch.device:
+    """Where the evaluator keeps its tensors: its test inputs' device, else ``device``
+    (θ₀'s)."""
     X = getattr(evaluator, "X", None)
-    return X.device if isinstance(X, torch.Tensor) else theta0.device
+    return X.device if isinstance(X, torch.Tensor) else device
 
 
 DIAGNOSTICS_MAX_VALUES = 20_000_000
@@ -667,18 +775,52 @@ def _diagnostics(draws: list[torch.Tensor], complete: bool) -> dict | None:
     than 4 samples, fewer than 2 chains, or too many values to keep)."""
     if not complete or len(draws) < 4:
         return None
-    from fedhmc.analysis.diagnostics import summarize
+    from fedhmc.analysis.diagnostics import convergence_summary
 
-    out = summarize(torch.stack(draws).to(torch.float64))
+    out = convergence_summary(torch.stack(draws).to(torch.float64))
     out["samples_per_chain"] = len(draws)
     out["chains"] = int(draws[0].shape[0])
     return out
 
 
-def prepare(cfg: RunConfig) -> RunConfig:
-    """Resolve defaults and fix the output directory."""
-    cfg = cfg.resolve()
-    return cfg.replace(out=cfg.out or cfg.default_out())
+class EngineBackend:
+    """The in-process engine as a [`Backend`][fedhmc.runtime.engine.Backend]: each round is
+    the algorithm's ``step``, every client and chain batched; θ̄ is its state's position."""
+
+    name = "engine"
+
+    def __init__(self, cfg: RunConfig, problem: Problem, device: torch.device):
+        self.cfg, self.target, self.dim = cfg, problem.target, problem.dim
+        self.device = device
+        self.module, self.settings = registry.algorithm_of(cfg)
+        theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
+        self.state = self.module.init(theta0, self.settings)
+
+    @property
+    def position(self) -> torch.Tensor:
+        return self.state.position
+
+    def round(self, r: int) -> RoundStats:
+        self.state, info = self.module.step(self.cfg.seed, self.state, self.target, self.settings)
+        down, up = bytes_per_round(self.cfg, self.dim, r, info.clients)  # the drawn clients
+        return RoundStats(
+            grad_evals=info.grad_evals,
+            finite=info.finite,
+            clients=info.clients,
+            bytes_down=down,
+            bytes_up=up,
+            energy_error=info.energy_error,
+        )
+
+    def state_dict(self) -> dict:
+        return checkpoint.state_dict(self.state)
+
+    def load_state_dict(self, saved: dict) -> None:
+        cls = type(self.state)
+        self.state = checkpoint.state_from_dict(saved, cls, self.device, settings=self.settings)
+
+    def summary(self) -> dict:
+        return {}
 
 
 def run(
@@ -688,7 +830,9 @@ def run(
     on_round: Callable[[dict], None] | None = None,
     threads: int | str | None = None,
 ) -> RunResult:
-    """Run FA-HMC in process (all clients and chains batched) and write the run's files.
+    """Run ``cfg`` on the in-process engine (all clients and chains batched) and write the
+    run's files. A ``--backend flower`` config is refused: run it with
+    `fedhmc.runtime.backends.run_config`, which sends every config to its backend.
 
     Parameters
     ----------
@@ -706,10 +850,30 @@ def run(
         (the default) chooses as ``fedhmc run`` does: ``auto``, unless the command line's
         ``--threads`` set another for its process.
     """
-    if cfg.backend != "engine":  # the run's own backend (Flower's simulation), not this one
-        from fedhmc.runtime.backends import run_config
+    cfg = _engine_config(cfg)
+    device = torch.device(cfg.device)
+    if problem is None:
+        problem = build_problem(cfg, device=device)
+    apply_threads(threads, round_work(problem.target, cfg))
+    return run_loop(
+        cfg,
+        problem.evaluator,
+        EngineBackend(cfg, problem, device),
+        dim=problem.dim,
+        num_clients=problem.target.num_clients,
+        description=problem.description,
+        progress=progress,
+        on_round=on_round,
+    )
 
-        return run_config(cfg, progress=progress, threads=threads)
+
+def _engine_config(cfg: RunConfig) -> RunConfig:
+    """``cfg`` prepared for the engine, or a one-line refusal of what it cannot run."""
+    if cfg.backend != "engine":
+        raise ConfigError(
+            f"fedhmc.runtime.engine.run runs --backend engine; run a --backend {cfg.backend} "
+            "config with fedhmc.runtime.backends.run_config"
+        )
     cfg = prepare(cfg)
     if cfg.on_failure != "renormalize":  # (the Flower server reads it; this engine does not)
         raise ConfigError(
@@ -721,44 +885,7 @@ def run(
             f"--algorithm {cfg.algorithm} is a message exchange between a server and Flower "
             "workers; add --backend flower (or use --algorithm sghmc/sgld in process)"
         )
-    device = torch.device(cfg.device)
-    if problem is None:
-        problem = build_problem(cfg, device=device)
-    apply_threads(threads, round_work(problem.target, cfg))
-    from fedhmc.runtime import checkpoint
-
-    module, settings = registry.algorithm_of(cfg)
-    target = problem.target
-    theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
-    state = module.init(theta0, settings)
-    num_clients = target.num_clients
-
-    def round_fn(theta_bar: torch.Tensor, r: int) -> tuple[torch.Tensor, RoundStats]:
-        nonlocal state
-        state, info = module.step(cfg.seed, state, target, settings)
-        clients = getattr(info, "clients", num_clients)  # drawn ones, under participation
-        down, up = bytes_per_round(cfg, problem.dim, r, clients)
-        stats = RoundStats(info.grad_evals, info.finite, clients, 0, down, up)
-        stats.energy_error = getattr(info, "mean_energy_error", None)
-        return state.position, stats
-
-    def set_state(saved: dict) -> None:
-        nonlocal state
-        state = checkpoint.state_from_dict(saved, type(state), device)
-
-    return run_loop(
-        cfg,
-        problem.evaluator,
-        theta0,
-        round_fn,
-        dim=problem.dim,
-        num_clients=num_clients,
-        description=problem.description,
-        backend="engine",
-        progress=progress,
-        on_round=on_round,
-        backend_state=(lambda: checkpoint.state_dict(state), set_state),
-    )
+    return cfg
 
 
 def _progress(total: int, enabled: bool, initial: int = 0):

@@ -17,7 +17,7 @@ from pathlib import Path
 from fedhmc.errors import ConfigError
 from fedhmc.runtime.output import refuse_links
 
-NAME = ".lock"
+LOCK_NAME = ".lock"
 
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
@@ -57,7 +57,7 @@ class FolderLock:
 
     def __init__(self, folder: str | os.PathLike, what: str = "a run"):
         self.folder = Path(folder)
-        self.path = self.folder / NAME
+        self.path = self.folder / LOCK_NAME
         self.what = what
         self._f = None
         self._made_folder = False
@@ -119,7 +119,7 @@ class FolderLock:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT | _NOFOLLOW, 0o644)
         except OSError:
             if self.path.is_symlink():
-                refuse_links(self.folder, (NAME,))
+                refuse_links(self.folder, (LOCK_NAME,))
             raise
         return os.fdopen(fd, "r+")
 

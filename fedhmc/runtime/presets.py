@@ -12,7 +12,7 @@ from __future__ import annotations
 from fedhmc.errors import ConfigError
 
 GAUSSIAN_TARGETS = ("gaussian-hetero",)
-DATASETS = (
+DATASET_CHOICES = (
     "digits",
     "breast-cancer",
     "fashion-mnist",
@@ -56,8 +56,8 @@ def dataset_defaults(dataset: str, model: str, dim: int | None = None) -> dict:
     """Default step_size, batch_size, prior_std, chains and dim of a dataset and model."""
     if dataset == USER_DATA:
         return {**_BASE, "step_size": 1e-3}
-    if dataset not in DATASETS:
-        raise ConfigError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASETS)}")
+    if dataset not in DATASET_CHOICES:
+        raise ConfigError(f"unknown dataset {dataset!r}; valid: {', '.join(DATASET_CHOICES)}")
     if dataset == "gaussian-hetero":
         # The paper's §5.2 setting: η = 0.02 / d^{1/4}, many chains to estimate W₂.
         dim = 10 if dim is None else dim

@@ -327,7 +327,7 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
     """
     name = cfg.model
     if name in ("logistic", "mlp"):
-        return nets.build_model(name, data.num_features, data.num_classes, cfg.hidden_widths)
+        return nets.build_network(name, data.num_features, data.num_classes, cfg.hidden_widths)
     kwargs = parse_model_args(cfg.model_arg)
     if name == "cnn":
         from fedhmc.models.cnn import lenet5
@@ -363,26 +363,16 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
 def bytes_per_round(
     cfg: RunConfig, dim: int, round_: int = 2, clients: int | None = None
 ) -> tuple[int, int]:
-    """(down, up) bytes of arrays per round.
-
-    Every client gets θ̄ and returns its position, (S, D) each. Debiased FA-HMC also sends
-    the anchor θ_a and ∇f(θ_a) (from round 2 on) and returns the client's local gradient.
-    Under ``--sync-unit leapfrog`` every client returns its momentum, and gets the averaged
-    momentum when the round continues a trajectory and the origin X₀ under restarts.
-    """
+    """(down, up) bytes of arrays in round ``round_`` of ``clients`` clients (None: every
+    client): the arrays the algorithm's ``layout`` names, (S, D) each per client; none for
+    a sampler of one process."""
     algo = registry.find(cfg.algorithm)
-    if not algo.federated:  # one process, no messages
+    if not algo.federated or algo.asynchronous:  # no rounds of messages
         return 0, 0
     itemsize = 8 if cfg.dtype == "float64" else 4
     clients = cfg.num_clients if clients is None else clients  # the round's, if drawn
-    per_array = clients * cfg.chains * dim * itemsize
-    if algo.anchor:
-        return (3 if round_ > 1 else 1) * per_array, 2 * per_array
-    if cfg.sync_unit == "leapfrog":
-        mid = ((round_ - 1) * cfg.local_steps) % cfg.leapfrog_steps != 0
-        down = 1 + int(mid) + int(bool(cfg.restart_trajectories))
-        return down * per_array, 2 * per_array
-    return per_array, per_array
+    layout = algo.module.layout(algo.settings(cfg), round_)
+    return layout.bytes(clients, cfg.chains, dim, itemsize)
 
 
 def async_worker_target(cfg, partition_id: int, num_total: int | None = None, device="cpu"):

@@ -60,20 +60,20 @@ def auto_threads(work: int, cores: int | None = None) -> int:
     return cores if work >= AUTO_WORK else 1
 
 
-DEFAULT = "auto"
+DEFAULT_THREADS = "auto"
 """What a run that names no thread count uses, from the command line and from Python alike
 (``fedhmc run`` and ``run(RunConfig(...))`` compute with the same threads)."""
 
-_default: int | str = DEFAULT
+_default: int | str = DEFAULT_THREADS
 
 
 def set_default_threads(threads: int | str | None) -> None:
     """What ``apply_threads`` does when a run names no thread count: the command line
     sets it once for every run it starts in its process (``--threads``); None restores
-    ``DEFAULT`` (``auto``)."""
+    ``DEFAULT_THREADS`` (``auto``)."""
     global _default
     parsed = parse_threads(threads)
-    _default = DEFAULT if parsed is None else parsed
+    _default = DEFAULT_THREADS if parsed is None else parsed
 
 
 def default_threads() -> int | str:

@@ -60,7 +60,7 @@ def encode_round(
 def algorithm_entry(message: dict) -> registry.Entry:
     """The registry entry of the algorithm a round's settings name (FA-HMC's when they name
     none)."""
-    return registry.entry(message.get("algorithm") or registry.DEFAULT)
+    return registry.entry(message.get("algorithm") or registry.DEFAULT_ALGORITHM)
 
 
 def decode_sampler(message: dict) -> fahmc.Settings:
@@ -91,19 +91,44 @@ ARRAYS = {
 }
 """The arrays of a round's message, by the Broadcast field each carries."""
 
+REPLY_ARRAYS = {
+    # array name: ClientUpdate field
+    "theta": "position",
+    "momentum": "momentum",
+    "grad": "local_grad",
+}
+"""The arrays of a client's reply, by the ClientUpdate field each carries."""
 
-def encode_message(cfg: RunConfig, message: fahmc.Broadcast, num_total: int) -> tuple[dict, dict]:
-    """A round's Broadcast as the (settings, arrays) of a Flower message: arrays are the
-    Broadcast's tensors that are set (θ̄ always), by their wire names."""
+
+def _names(fields, table: dict) -> tuple[str, ...]:
+    by_field = {f: k for k, f in table.items()}
+    return tuple(by_field[f] for f in fields)
+
+
+def layout(cfg: RunConfig, round_: int):
+    """The arrays of round ``round_``'s messages (the algorithm's ``layout``)."""
+    module, settings = registry.algorithm_of(cfg)
+    return module.layout(settings, round_)
+
+
+def reply_names(cfg: RunConfig, round_: int) -> tuple[str, ...]:
+    """The array names of a client's reply in round ``round_``."""
+    return _names(layout(cfg, round_).up, REPLY_ARRAYS)
+
+
+def encode_message(cfg: RunConfig, message, num_total: int) -> tuple[dict, dict]:
+    """A round's Broadcast as the (settings, arrays) of a Flower message: the arrays its
+    algorithm's ``layout`` names (θ̄ first), by their wire names, on the CPU."""
     config = encode_round(cfg, message.round, num_total, message.round_seed)
     if message.anchor_round is not None:
         config["anchor-round"] = int(message.anchor_round)
-    if message.clients is not None:  # partial participation: the round's drawn clients
-        config["round-clients"] = [int(c) for c in message.clients.tolist()]
+    if message.client_ids is not None:  # partial participation: the round's drawn clients
+        config["round-clients"] = [int(c) for c in message.client_ids.tolist()]
+    down = layout(cfg, message.round).down
     # The wire carries CPU arrays, whatever device the server computes on.
     arrays = {
         k: getattr(message, f).detach().cpu()
-        for k, f in ARRAYS.items()
+        for k, f in zip(_names(down, ARRAYS), down, strict=True)
         if getattr(message, f) is not None
     }
     return config, arrays
@@ -125,9 +150,27 @@ def decode_message(config: dict, arrays: dict, dtype, device="cpu") -> fahmc.Bro
         round=int(config["round"]),
         round_seed=int(config["round-seed"]),
         anchor_round=None if anchor_round is None else int(anchor_round),
-        clients=torch.tensor([int(c) for c in clients], device=device) if clients else None,
+        client_ids=torch.tensor([int(c) for c in clients], device=device) if clients else None,
         **tensors,
     )
+
+
+def encode_reply(update, up: tuple[str, ...], c: int = 0) -> dict:
+    """Client ``c``'s arrays of ``update`` (on the CPU) by their wire names: the fields
+    ``up`` (the layout's) as (S, D) numpy arrays."""
+    names = _names(up, REPLY_ARRAYS)
+    return {k: getattr(update, f)[:, c].numpy() for k, f in zip(names, up, strict=True)}
+
+
+def decode_reply(arrays: dict, device, **values):
+    """A client's ClientUpdate (M = 1) from its validated reply's arrays (S, D), with
+    ``values`` (its energies and gradient evaluations)."""
+    import torch
+
+    fields = {
+        REPLY_ARRAYS[k]: torch.as_tensor(v, device=device).unsqueeze(1) for k, v in arrays.items()
+    }
+    return fahmc.ClientUpdate(**fields, **values)
 
 
 def apply_data(cfg: RunConfig, message: dict, keys=tuple(DATA)) -> RunConfig:

@@ -469,7 +469,7 @@ def run_mhmc(model: str, device, seed: int = 3) -> dict:
     steps = []
     for _ in range(5):
         state, info = mhmc.step(seed, state, problem.target, settings)
-        steps.append((state.position, state.energy, info.accept_prob, info.energy_error))
+        steps.append((state.position, state.energy, info.accept_prob, info.delta_h))
     samples, info = mhmc.mhmc(
         mhmc.pooled_energy(problem.target),
         theta0,

@@ -105,7 +105,7 @@ def test_mhmc_reference_equals_cpu(model, device64, record_property):
         # ΔH = H₁ − H₀ is a difference of energies of size |U|: its rounding is relative
         # to |U|, not to ΔH, and so is that of exp(−ΔH), the acceptance probability.
         scale = float(w[1].abs().max())
-        cmp.close(f"step {i} energy error", g[3], w[3], RTOL_F64, scale=scale)
+        cmp.close(f"step {i} ΔH", g[3], w[3], RTOL_F64, scale=scale)
         cmp.close(f"step {i} acceptance", g[2], w[2], RTOL_F64, scale=scale)
     cmp.close("mhmc() samples", got["samples"], want["samples"], RTOL_F64)
     gi, wi = got["info"], want["info"]

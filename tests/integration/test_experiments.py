@@ -410,12 +410,12 @@ def test_paper_figure_neighbour_eta_runs_the_best_row_at_the_smaller_eta(tmp_pat
 
 @pytest.mark.slow  # an experiment preset end to end
 def test_participation_quick_writes_both_parts_and_resumes(tmp_path):
-    from fedhmc.experiments.participation import BUDGETS, replot
+    from fedhmc.experiments.participation import PARTICIPATION_BUDGETS, replot
     from fedhmc.sweep.table import read_csv
 
     out = tmp_path / "p"
     assert main(["experiment", "participation", "--quick", "--out", str(out)]) == 0
-    _, N, Ss, client_rounds, _ = BUDGETS["quick"]
+    _, N, Ss, client_rounds, _ = PARTICIPATION_BUDGETS["quick"]
     rows = read_csv(out / "participation.csv")
     for algorithm in ("fahmc", "fald"):
         mine = [r for r in rows if r["algorithm"] == algorithm]

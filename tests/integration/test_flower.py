@@ -110,11 +110,13 @@ def test_colocated_rows_are_each_clients_own_round(tmp_path):
     config = wire.encode_round(cfg, 2, target.num_total)
     arrays = {"theta": theta_bar}
     for pid in (2, 0, 3):  # any order: the first message computes the round for all
-        got = colocated_update(cfg, pid, config, arrays)
-        want = local_update(cfg, pid, config, arrays, None)
+        (got, got_values) = colocated_update(cfg, pid, config, arrays)
+        (want, want_values) = local_update(cfg, pid, config, arrays, None)
         np.testing.assert_allclose(got["theta"], want["theta"], rtol=1e-5, atol=1e-6)
-        assert got["num-examples"] == want["num-examples"]
-        assert got["energy"] == pytest.approx(want["energy"], rel=1e-5)
+        assert got.keys() == want.keys() == {"theta"}
+        assert got_values["num-examples"] == want_values["num-examples"]
+        assert got_values["grad-evals"] == want_values["grad-evals"] > 0
+        assert got_values["energy"] == pytest.approx(want_values["energy"], rel=1e-5)
     # a message of another round seed is not the run's: the caller computes alone
     assert colocated_update(cfg, 0, {**config, "round-seed": 12345}, arrays) is None
 
@@ -130,7 +132,7 @@ def test_debiased_flower_apps_equal_the_engine(tmp_path, anchor_batch):
     # The stateless path: a client that lost its cache recomputes ∇f^(c)(θ_a) exactly.
     from fedhmc_clients import task
 
-    task._ANCHOR_GRADS.clear()
+    task._LAST.clear()
     cold, _ = run_grid(
         cfg.replace(out=str(tmp_path / "dc")),
         client_app=_forgetful_client_app(),
@@ -151,7 +153,7 @@ def _forgetful_client_app():
     inner = make_client_app()
 
     def app(msg, context):
-        task._ANCHOR_GRADS.clear()
+        task._LAST.clear()
         return inner(msg, context)
 
     return app
@@ -743,7 +745,7 @@ def test_flower_draws_the_engines_clients_and_equals_it(tmp_path, scheme, extra)
     state = fahmc.init(engine.theta_bar, sampler_settings(full))
     for r in range(1, 5):
         state = fahmc.State(state.position, r - 1)
-        drawn = fahmc.broadcast(full.seed, state, sampler_settings(full), weights).clients
+        drawn = fahmc.broadcast(full.seed, state, sampler_settings(full), weights).client_ids
         sent = [
             m for m in grid.sent
             if m.metadata.message_type == "train" and int(m.content["config"]["round"]) == r

@@ -16,7 +16,7 @@ from _grids import InProcessGrid
 from fedhmc_clients import compute as cc
 from fedhmc_clients.app import handle, make_client_app
 from fedhmc_clients.compute import COLOCATED_KEY
-from fedhmc_clients.worker import call, serve
+from fedhmc_clients.worker import call, serve_worker
 from fedhmc_server import simulation as sim
 from fedhmc_server.loop import serve as serve_run
 from flwr.app import Context, Message, RecordDict
@@ -244,7 +244,7 @@ def test_a_node_without_its_device_is_dropped_with_one_line(tmp_path, caplog):
 def worker(tmp_path):
     path = tmp_path / "w" / "worker.sock"
     ready, stop = threading.Event(), threading.Event()
-    t = threading.Thread(target=serve, args=(path,), kwargs={"ready": ready, "stop": stop})
+    t = threading.Thread(target=serve_worker, args=(path,), kwargs={"ready": ready, "stop": stop})
     t.start()
     assert ready.wait(60)
     yield path

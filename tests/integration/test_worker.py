@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from fedhmc_clients.app import handle
 from fedhmc_clients.compute import compute
-from fedhmc_clients.worker import WorkerError, call, prepare_socket_path, serve, validate
+from fedhmc_clients.worker import WarmWorkerError, call, prepare_socket_path, serve_worker, validate
 from fedhmc_server.loop import round_config  # the server's round config
 from flwr.app import Array, ArrayRecord, Context, Message, RecordDict
 
@@ -24,7 +24,7 @@ pytestmark = [pytest.mark.slow, pytest.mark.skipif(os.name != "posix", reason="U
 def worker(tmp_path):
     path = tmp_path / "w" / "worker.sock"
     ready, stop = threading.Event(), threading.Event()
-    t = threading.Thread(target=serve, args=(path,), kwargs={"ready": ready, "stop": stop})
+    t = threading.Thread(target=serve_worker, args=(path,), kwargs={"ready": ready, "stop": stop})
     t.start()
     assert ready.wait(60)
     yield path
@@ -107,7 +107,7 @@ def test_the_clientapp_forwards_to_the_worker_and_falls_back_without_it(worker, 
     ],
 )
 def test_a_bad_worker_reply_is_refused(arrays, metrics, match):
-    with pytest.raises(WorkerError, match=match):
+    with pytest.raises(WarmWorkerError, match=match):
         validate("train", {"theta": np.zeros((2, 3), np.float32)}, arrays, metrics)
 
 
@@ -125,7 +125,7 @@ def test_the_socket_folder_must_be_private(tmp_path):
 
 
 def test_an_error_in_the_worker_comes_back_as_one_line(worker):
-    with pytest.raises(WorkerError, match="failed: ValueError: unknown message kind"):
+    with pytest.raises(WarmWorkerError, match="failed: ValueError: unknown message kind"):
         call(
             str(worker),
             "bogus",

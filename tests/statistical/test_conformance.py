@@ -117,9 +117,7 @@ def mhmc_case():
 def delayed_case():
     problem = make_regression(n=50, degree=1, noise_var=1.0, seed=0)
     R, P, gamma = CHAINS // 2, 2, 4e-3
-    s = delayed_sgld.Settings(
-        mode="sync", workers=P, step_size=gamma, batch_size=0, chains=R
-    ).validate()
+    s = delayed_sgld.Settings(mode="sync", workers=P, step_size=gamma, batch_size=0, chains=R)
     phi = problem.features.numpy()
     H = phi.T @ phi / problem.noise_var + np.eye(problem.dim) / problem.prior_std**2
     b = phi.T @ problem.targets.numpy() / problem.noise_var
@@ -166,7 +164,7 @@ def test_the_interface_reaches_the_known_stationary_law(case):
     for _ in range(case.steps):
         if case.drive == "received":
             g = gaussian_grad(state.position)
-            target = oracles.Received(g, sent=state.step)
+            target = oracles.Received(g, sent=state.timestamp)
         else:
             target = case.target
         state, info = case.module.step(11, state, target, case.settings)

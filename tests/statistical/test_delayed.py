@@ -180,7 +180,7 @@ def test_sync_recovers_the_posterior_mean_and_the_exact_stationary_covariance():
 )
 def test_bad_settings_are_one_line_config_errors(kw, text):
     with pytest.raises(ConfigError, match=text):
-        delayed.Settings(**kw).validate()
+        delayed.Settings(**kw)
 
 
 @pytest.mark.slow  # multiprocessing

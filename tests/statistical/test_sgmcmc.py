@@ -145,12 +145,18 @@ def test_each_gradient_is_taken_where_the_chain_was_tau_l_steps_before(dist):
         assert len(used) > 1  # the delays really vary
 
 
-def test_chunks_equal_one_run():
+def test_rounds_equal_one_run():
+    """Round r takes Euler steps r·T … r·T + T − 1: five rounds of 5 steps are the chain of
+    one round of 25, and ``round`` counts the ``step`` calls."""
     s = stale.Settings("sghmc", 0.05, friction=2.0, staleness=4, staleness_dist="uniform")
     start = stale.init(torch.zeros(3, 2, dtype=torch.float64), s)
     once = advance(start, gaussian_grad, 25, s, 9)
-    twice = advance(advance(start, gaussian_grad, 10, s, 9), gaussian_grad, 15, s, 9)
-    assert torch.equal(once.position, twice.position) and once.step == twice.step == 25
+    chunked = start
+    for _ in range(5):
+        chunked = advance(chunked, gaussian_grad, 5, s, 9)
+    assert torch.equal(once.position, chunked.position)
+    assert torch.equal(once.momentum, chunked.momentum) and torch.equal(once.ring, chunked.ring)
+    assert once.round == 1 and chunked.round == 5
 
 
 @pytest.mark.parametrize(

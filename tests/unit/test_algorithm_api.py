@@ -1,11 +1,14 @@
 """Every algorithm has the same interface: Settings, State and Info dataclasses (State and
-Info immutable), ``init(position, settings)`` and ``step(key, state, target, settings)``;
-the federated ones compose ``step`` from ``broadcast``, ``client_update`` and
-``server_update``; and every State survives a checkpoint field by field."""
+Info immutable), ``init(position, settings)`` and ``step(seed, state, target, settings)``;
+every State counts its ``step`` calls in ``round`` and every Info has the fields
+``grad_evals``, ``finite``, ``clients`` and ``energy_error``; the federated ones compose
+``step`` from ``broadcast``, ``client_update`` and ``server_update``; and every State
+survives a checkpoint field by field (and one saved with an earlier version's ``step``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import inspect
 
 import pytest
 import torch
@@ -13,6 +16,7 @@ import torch
 from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, mhmc, oracles, stale
 from fedhmc.algorithms.delayed import make_regression, sequential_reference
 from fedhmc.algorithms.delayed import sgld as delayed_sgld
+from fedhmc.errors import ConfigError
 from fedhmc.models.targets import hetero_gaussian
 from fedhmc.runtime import checkpoint
 
@@ -26,7 +30,58 @@ def test_every_algorithm_has_the_same_shape(module):
     for cls in (module.State, module.Info):
         assert dataclasses.is_dataclass(cls) and cls.__dataclass_params__.frozen, cls
     names = [f.name for f in dataclasses.fields(module.State)]
-    assert names[0] == "position" and ("round" in names or "step" in names), names
+    assert names[0] == "position" and "round" in names and "step" not in names, names
+    info = {f.name: f.type for f in dataclasses.fields(module.Info)}
+    for name, kind in INFO_FIELDS.items():
+        assert info.get(name) == kind, (module.__name__, name, info.get(name))
+    params = list(inspect.signature(module.step).parameters)
+    assert params == ["seed", "state", "target", "settings"], params
+
+
+INFO_FIELDS = {
+    "grad_evals": "int",
+    "finite": "bool",
+    "clients": "int",
+    "energy_error": "float | None",
+}
+"""What the engine reads of every Info (as fields, not properties), with their types."""
+
+
+def _one_step(module, x):
+    """(state after a step or two, its Info, settings) of ``module`` from positions ``x``."""
+    if module is fahmc or module is debiased:
+        s = module.Settings(0.1, 2, 2)
+        state, _ = module.step(0, module.init(x, s), hetero_gaussian(2, 2, torch.float64), s)
+        state, info = module.step(0, state, hetero_gaussian(2, 2, torch.float64), s)
+    elif module is stale:
+        s = stale.Settings("sghmc", 0.1, staleness=2, steps=3)
+        state, info = stale.step(0, stale.init(x, s), oracles.from_grad(lambda t, i: t), s)
+    elif module is async_sgmcmc:
+        s = async_sgmcmc.Settings("sghmc", 0.1)
+        state, info = module.step(0, module.init(x[0], s), oracles.Received(x[1]), s)
+    elif module is mhmc:
+        s = mhmc.Settings(0.1, 3)
+        oracle = oracles.from_energy(lambda t: (0.5 * t.square().sum(-1), t))
+        state, info = mhmc.step(0, mhmc.init(x, s), oracle, s)
+    else:
+        problem = make_regression(n=20, seed=0)
+        s = delayed_sgld.Settings(chains=3, batch_size=4)
+        state, info = module.step(0, module.init(torch.zeros(3, problem.dim), s), problem, s)
+    return state, info, s
+
+
+@pytest.mark.parametrize("module", [stale, async_sgmcmc, mhmc, delayed_sgld],
+                         ids=lambda m: m.__name__)  # fmt: skip
+def test_every_info_has_the_engine_fields_as_values(module):
+    x = torch.randn(3, 2, dtype=torch.float64)
+    state, info, _ = _one_step(module, x)
+    assert state.round == 1
+    assert isinstance(info.grad_evals, int) and info.grad_evals > 0
+    assert info.finite is True and isinstance(info.clients, int)
+    leapfrog = module is mhmc
+    assert (info.energy_error is not None) == leapfrog
+    if leapfrog:  # the mean |ΔH| per trajectory, not the signed ΔH of a proposal
+        assert info.energy_error == pytest.approx(float(info.delta_h.abs().mean()))
 
 
 @pytest.mark.parametrize("module", [fahmc, debiased], ids=lambda m: m.__name__)
@@ -48,7 +103,8 @@ def test_step_is_broadcast_client_updates_and_server_update(module, sync_unit, T
             seeds = fahmc.client_seeds(3, [c])
             kw = {} if module is fahmc else {"anchor_local": None}  # recomputed
             ups.append(module.client_update(message, target.client(c), s, seeds, **kw))
-        state, info = module.server_update(state, fahmc.stack_updates(ups), target.weights, s)
+        how = module.combination(message, target.weights)
+        state, info = module.server_update(state, fahmc.stack_updates(ups), how, s)
         torch.testing.assert_close(state.position, ref.position, rtol=1e-12, atol=1e-12)
         assert info.clients == 3
     assert state.round == 4
@@ -57,30 +113,50 @@ def test_step_is_broadcast_client_updates_and_server_update(module, sync_unit, T
 @pytest.mark.parametrize("module", MODULES, ids=lambda m: m.__name__)
 def test_every_state_survives_a_checkpoint(module, tmp_path):
     x = torch.randn(3, 2, dtype=torch.float64)
-    if module is fahmc or module is debiased:
-        s = module.Settings(0.1, 2, 2)
-        state, _ = module.step(0, module.init(x, s), hetero_gaussian(2, 2, torch.float64), s)
-        state, _ = module.step(0, state, hetero_gaussian(2, 2, torch.float64), s)
-    elif module is stale:
-        s = stale.Settings("sghmc", 0.1, staleness=2, steps=3)
-        state, _ = stale.step(0, stale.init(x, s), oracles.from_grad(lambda t, i: t), s)
-    elif module is async_sgmcmc:
-        s = async_sgmcmc.Settings("sghmc", 0.1)
-        state, _ = module.step(0, module.init(x[0], s), oracles.Received(x[1]), s)
-    elif module is mhmc:
-        s = mhmc.Settings(0.1, 3)
-        oracle = oracles.from_energy(lambda t: (0.5 * t.square().sum(-1), t))
-        state, _ = mhmc.step(0, mhmc.init(x, s), oracle, s)
-    else:
-        problem = make_regression(n=20, seed=0)
-        s = delayed_sgld.Settings(chains=3, batch_size=4).validate()
-        state, _ = module.step(0, module.init(torch.zeros(3, problem.dim), s), problem, s)
+    state, _, _ = _one_step(module, x)
     checkpoint.save(tmp_path, {"round": 1, "backend": checkpoint.state_dict(state)})
     saved, _ = checkpoint.load(tmp_path)
     back = checkpoint.state_from_dict(saved["backend"], type(state))
     for f in dataclasses.fields(state):
         a, b = getattr(state, f.name), getattr(back, f.name)
         assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+@pytest.mark.parametrize("module", [stale, async_sgmcmc, mhmc, delayed_sgld],
+                         ids=lambda m: m.__name__)  # fmt: skip
+def test_a_checkpoint_saved_with_the_old_step_field_resumes(module, tmp_path):
+    """A State saved before ``step`` became ``round`` (its counter under ``step``) loads
+    through the State's declared ``RENAMED``, and goes on to the same numbers."""
+    x = torch.randn(3, 2, dtype=torch.float64)
+    state, _, s = _one_step(module, x)
+    saved = checkpoint.state_dict(state)
+    old = dict(saved["fields"])
+    if module is stale:  # the Euler steps taken: rounds × steps
+        old["step"] = old.pop("round") * s.steps
+    elif module is async_sgmcmc:  # the timestamp: the updates applied
+        old.pop("round")
+        old["step"] = old.pop("timestamp")
+    else:
+        old["step"] = old.pop("round")
+    checkpoint.save(tmp_path, {"round": 1, "backend": {**saved, "fields": old}})
+    loaded, _ = checkpoint.load(tmp_path)
+    back = checkpoint.state_from_dict(loaded["backend"], type(state), settings=s)
+    assert type(back) is type(state)
+    for f in dataclasses.fields(state):
+        a, b = getattr(state, f.name), getattr(back, f.name)
+        assert torch.equal(a, b) if isinstance(a, torch.Tensor) else a == b, f.name
+
+
+def test_an_old_stale_checkpoint_needs_whole_rounds_and_the_settings():
+    s = stale.Settings("sgld", 0.1, steps=3)
+    saved = checkpoint.state_dict(stale.init(torch.zeros(2, 1), s))
+    saved["fields"]["step"] = saved["fields"].pop("round") + 7
+    with pytest.raises(ConfigError, match="needs the run's settings"):
+        checkpoint.state_from_dict(saved, stale.State)
+    with pytest.raises(ConfigError, match="not whole rounds of 3 steps"):
+        checkpoint.state_from_dict(saved, stale.State, settings=s)
+    saved["fields"]["step"] = 6
+    assert checkpoint.state_from_dict(saved, stale.State, settings=s).round == 2
 
 
 def test_a_checkpoint_of_another_state_is_refused():
@@ -97,21 +173,33 @@ def test_async_chain_applies_fresh_and_drops_stale_gradients_through_step():
     for sent in (0, 1, 1):
         state, info = async_sgmcmc.step(0, state, oracles.Received(g, sent), s)
         assert info.applied == chain.receive(0, g, sent)
-        assert torch.equal(state.position, chain.theta) and state.step == chain.t
+        assert torch.equal(state.position, chain.theta) and state.timestamp == chain.t
     state2, info = async_sgmcmc.step(0, state, oracles.Received(g, 0), s)
-    assert not info.applied and info.staleness == 3 and state2 is state
+    assert not info.applied and info.staleness == 3 and info.grad_evals == info.clients == 0
+    assert state2.round == state.round + 1 and state2.timestamp == state.timestamp
+    assert state2.position is state.position and state2.momentum is state.momentum
 
 
-def test_mhmc_settings_are_checked():
-    with pytest.raises(Exception, match="K ≥ 1"):
-        mhmc.Settings(step_size=0.1, leapfrog_steps=0)
+@pytest.mark.parametrize(
+    "build, needle",
+    [
+        (lambda: mhmc.Settings(step_size=0.1, leapfrog_steps=0), "K ≥ 1"),
+        (lambda: mhmc.Settings(step_size=-0.1), "step_size > 0"),
+        (lambda: stale.Settings("sgld", 0.0), "step size"),
+        (lambda: async_sgmcmc.Settings("sgld", 0.1, max_staleness=-1), "max-staleness"),
+        (lambda: delayed_sgld.Settings(workers=0), "workers"),
+    ],
+)
+def test_bad_settings_are_refused_at_construction(build, needle):
+    with pytest.raises(ConfigError, match=needle):
+        build()
 
 
 def test_delayed_step_is_the_sync_chain():
     problem = make_regression(n=200, seed=0)
     s = delayed_sgld.Settings(
         mode="sync", workers=2, step_size=1e-5, iterations=6, chains=3, record_every=2
-    ).validate()
+    )
     state = delayed_sgld.init(torch.zeros(3, problem.dim), s)
     for _ in range(6):
         state, info = delayed_sgld.step(s.seed, state, problem, s)
@@ -120,13 +208,14 @@ def test_delayed_step_is_the_sync_chain():
 
 
 def test_the_built_in_targets_and_models_meet_the_protocols():
-    from fedhmc.algorithms.oracles import GradientOracle
     from fedhmc.models.nets import MLP, LogisticRegression
     from fedhmc.models.protocols import Model, Target
 
-    assert isinstance(hetero_gaussian(3, 4), Target)
-    for oracle in (hetero_gaussian(3, 4), oracles.Received(torch.zeros(2)),
+    assert oracles.Target is Target  # one interface, defined once
+    for target in (hetero_gaussian(3, 4), oracles.Received(torch.zeros(2)),
                    oracles.from_grad(lambda t, i: t), make_regression(n=10)):  # fmt: skip
-        assert isinstance(oracle, GradientOracle), oracle
+        assert isinstance(target, Target), target
+    one = oracles.from_grad(lambda t, i: t)
+    assert one.client(0) is one and one.subset([0]) is one and one.with_batch_size(4) is one
     assert isinstance(LogisticRegression(4, 3), Model) and isinstance(MLP(4, 3, (5,)), Model)
     assert not isinstance(object(), Target)

@@ -143,7 +143,8 @@ def test_a_real_runs_checkpoint_holds_only_cpu_tensors(tmp_path):
     payload = raw_payload(out / checkpoint.NAME)
     assert payload["device"] == "cpu"
     found = tensors(payload)
-    assert {"/theta_bar", "/draws", "/samples", "/evaluator/log_probs"} <= {p for p, _ in found}
+    want = {"/backend/fields/position", "/draws", "/samples", "/evaluator/log_probs"}
+    assert want <= {p for p, _ in found}
     assert all(t.device.type == "cpu" for _, t in found)
 
 
@@ -194,7 +195,7 @@ def test_a_run_started_on_a_gpu_resumes_on_the_cpu_with_the_same_chain(tmp_path,
     }
     state, _ = checkpoint.load(cut)
     assert state["device"] == "cpu" and state["config"]["device"] == "cpu"
-    assert torch.equal(state["theta_bar"], full.theta_bar.cpu())
+    assert torch.equal(state["backend"]["fields"]["position"], full.theta_bar.cpu())
 
 
 def test_a_resume_on_the_same_device_says_nothing_and_other_changes_are_still_refused(

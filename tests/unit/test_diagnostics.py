@@ -16,7 +16,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.analysis.diagnostics import ess, ess_basic, mcse_mean, split_rhat, summarize
+from fedhmc.analysis.diagnostics import convergence_summary, ess, ess_basic, mcse_mean, split_rhat
 
 
 def ar1(phi: float, n: int, m: int, seed: int) -> np.ndarray:
@@ -87,17 +87,17 @@ def test_shapes_types_and_summary():
     np.testing.assert_array_equal(ess(t), ess(x))
     assert split_rhat(x[:, :, 0]).shape == () and ess(x[:, :, 0]).shape == ()
     assert ess(x).shape == (5,)
-    s = summarize(t)
+    s = convergence_summary(t)
     assert set(s) == {"rhat_max", "ess_min", "ess_median", "ess_tail_min", "draws", "chains"}
     assert s["draws"] == 500 and s["chains"] == 3
     assert s["rhat_max"] < 1.01 and 0.85 * 1500 < s["ess_min"] <= s["ess_median"]
     # Odd length: the middle draw is dropped; ties (a discrete coordinate) are fine.
     odd = np.random.default_rng(7).integers(0, 3, (101, 2)).astype(float)
     assert math.isfinite(float(split_rhat(odd))) and math.isfinite(float(ess(odd)))
-    # A constant coordinate has no R̂; summarize skips it.
+    # A constant coordinate has no R̂; convergence_summary skips it.
     const = np.concatenate([x, np.ones((500, 3, 1))], axis=2)
     assert math.isnan(float(split_rhat(const)[-1]))
-    assert summarize(const)["rhat_max"] == pytest.approx(s["rhat_max"])
+    assert convergence_summary(const)["rhat_max"] == pytest.approx(s["rhat_max"])
 
 
 def test_too_few_draws():
@@ -117,14 +117,14 @@ def test_tail_ess_equals_arviz():
 
 
 def test_convergence_warning_speaks_up_only_when_it_should():
-    from fedhmc.analysis.diagnostics import summarize, warning
+    from fedhmc.analysis.diagnostics import convergence_summary, warning
 
     g = np.random.default_rng(0)
-    assert warning(summarize(g.normal(size=(400, 4, 3)))) is None  # iid: ESS ≈ 1600
-    stuck = summarize(g.normal(size=(400, 4, 3)).cumsum(0))  # random walks
+    assert warning(convergence_summary(g.normal(size=(400, 4, 3)))) is None  # iid: ESS ≈ 1600
+    stuck = convergence_summary(g.normal(size=(400, 4, 3)).cumsum(0))  # random walks
     text = warning(stuck)
     assert "R-hat" in text and "bulk ESS" in text and "tail ESS" in text and "\n" not in text
-    assert warning(summarize(g.normal(size=(400, 1, 3)).cumsum(0))) is None  # one chain
+    assert warning(convergence_summary(g.normal(size=(400, 1, 3)).cumsum(0))) is None  # one chain
 
 
 def test_a_run_that_has_not_mixed_says_so_and_diagnose_names_the_parameters(tmp_path, capsys):

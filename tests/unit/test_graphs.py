@@ -182,7 +182,9 @@ def _run(cfg, problem, theta, settings, graphs, rounds, module=fahmc):
     with device_path():
         for _ in range(rounds):
             state, info = module.step(cfg.seed, state, problem.target, settings)
-            out.append((state.position.clone(), info.energy.clone(), info.energy_error.clone()))
+            out.append(
+                (state.position.clone(), info.energy.clone(), torch.tensor(info.energy_error))
+            )
     problem.target.graphs = None
     return out
 

@@ -468,7 +468,9 @@ def test_a_failing_forward_leaves_the_module_as_it_was():
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
     import fedhmc_server.simulation as sim
 
+    from fedhmc.runtime.backends import run_config
+
     seen = {}
-    monkeypatch.setattr(sim, "run_flower", lambda cfg, progress=True: seen.setdefault("cfg", cfg))
-    run(_base(backend="flower", out=str(tmp_path / "f")), progress=False)
+    monkeypatch.setattr(sim, "run_flower", lambda cfg, **kw: seen.setdefault("cfg", cfg))
+    run_config(_base(backend="flower", out=str(tmp_path / "f")), progress=False)
     assert seen["cfg"].backend == "flower"

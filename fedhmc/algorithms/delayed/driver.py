@@ -63,7 +63,7 @@ def run_delayed(
     the run exceeds ``settings.timeout``; no worker process is left running in any case.
     Raises `NonFiniteError` if the chains diverge.
     """
-    s = settings.validate()
+    s = settings
     if x0 is not None and x0.device.type != "cpu":
         raise ConfigError(
             f"delayed SGLD's workers share X in CPU memory and run on the CPU by design; "

@@ -10,14 +10,15 @@ from dataclasses import dataclass
 
 import torch
 
+from fedhmc.algorithms.oracles import OneClient
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Regression:
+class Regression(OneClient):
     """Polynomial regression y = Σ_{j=0}^{degree} β_j x^j + ε, ε ~ N(0, noise_var), with
-    prior β ~ N(0, prior_std² I).
+    prior β ~ N(0, prior_std² I): a one-client [`Target`][fedhmc.models.protocols.Target].
 
     ``features`` (n, degree + 1) holds 1, x, …, x^degree; ``coef`` is the true β.
     """
@@ -30,7 +31,7 @@ class Regression:
     batch_size: int = 0
     """Minibatch size of ``grad`` (0 or ≥ n: the full data), drawn with replacement."""
 
-    num_clients = 1
+    dtype = torch.float64
 
     @property
     def weights(self) -> torch.Tensor:

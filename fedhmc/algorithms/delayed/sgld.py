@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
@@ -72,7 +73,7 @@ class Settings:
     fail_at: tuple[int, int] | None = field(default=None, repr=False)
     hang_at: tuple[int, int] | None = field(default=None, repr=False)
 
-    def validate(self) -> Settings:
+    def __post_init__(self) -> None:
         if self.mode not in MODES:
             raise ConfigError(f"unknown mode {self.mode!r}; choose one of {', '.join(MODES)}")
         for name in ("workers", "iterations", "record_every"):
@@ -100,7 +101,6 @@ class Settings:
             )
         if self.iterations >= rng.MAX_HI:
             raise ConfigError(f"iterations must be below {rng.MAX_HI}, got {self.iterations}")
-        return self
 
 
 def _keys(seed: int, stream: int, worker: int, chains: int) -> torch.Tensor:
@@ -129,14 +129,14 @@ def sequential_reference(
     Iteration k: $X \leftarrow X + \sum_{p=0}^{P-1} \left(-\gamma \nabla\tilde U_p(X)
     + \sqrt{2\tau\gamma}\, G_{p,k}\right)$, with worker p's keys.
     """
-    s = settings.validate()
+    s = settings
     R, d = s.chains, problem.dim
     x = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
     state = init(x, s)
     snaps = [x.clone()]
     for _ in range(s.iterations):
         state, _ = step(s.seed, state, problem, s)
-        if state.step % s.record_every == 0:
+        if state.round % s.record_every == 0:
             snaps.append(state.position.clone())
     return torch.stack(snaps)
 
@@ -144,25 +144,38 @@ def sequential_reference(
 # ------------------------------------------------------------------ the algorithm API
 @dataclass(frozen=True)
 class State:
-    """The R chains X (R, d) after ``step`` synchronous iterations."""
+    """The R chains X (R, d) after ``round`` synchronous iterations (calls of ``step``)."""
 
     position: torch.Tensor
-    step: int = 0
+    round: int = 0
+
+    RENAMED: ClassVar[dict] = {"step": "round"}
+    """Checkpoints of earlier versions saved ``round`` as ``step``."""
 
 
 @dataclass(frozen=True)
 class Info:
-    """One iteration: the P workers' increments (P, R, d), before they are summed."""
+    """One iteration.
+
+    Attributes
+    ----------
+    increments
+        The P workers' increments (P, R, d), before they are summed.
+    grad_evals
+        Minibatch gradient evaluations: P × R.
+    finite
+        Whether every increment is finite.
+    clients
+        1: the workers share the pooled data (there are no clients).
+    energy_error
+        None: SGLD has no leapfrog trajectory.
+    """
 
     increments: torch.Tensor
-
-    @property
-    def grad_evals(self) -> int:
-        return int(self.increments.shape[0] * self.increments.shape[1])
-
-    @property
-    def finite(self) -> bool:
-        return bool(torch.isfinite(self.increments).all())
+    grad_evals: int
+    finite: bool
+    clients: int = 1
+    energy_error: float | None = None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
@@ -170,21 +183,22 @@ def init(position: torch.Tensor, settings: Settings) -> State:
     return State(position.clone().to(torch.float64), 0)
 
 
-def step(key: int, state: State, target: Regression, settings: Settings) -> tuple[State, Info]:
+def step(seed: int, state: State, target: Regression, settings: Settings) -> tuple[State, Info]:
     r"""One ``sync`` iteration, in this process:
     $X \leftarrow X + \sum_p (-\gamma \nabla\tilde U_p(X) + \sqrt{2\tau\gamma}\, G_{p,k})$,
-    every worker p reading the same X with its own keys derived from ``key`` (the run
+    every worker p reading the same X with its own keys derived from ``seed`` (the run
     seed). ``target`` is the regression problem, a gradient oracle whose minibatches are
     drawn with replacement. The multi-process driver (``run_delayed``) computes the same
     chain in ``sync`` mode."""
-    s, R, k = settings, state.position.shape[0], state.step
+    s, R, k = settings, state.position.shape[0], state.round
     x = state.position
     oracle = target.with_batch_size(s.batch_size)
     deltas = []
     for p in range(s.workers):
-        batch_keys = _keys(key, STREAM_DELAYED_BATCH, p, R)
+        batch_keys = _keys(seed, STREAM_DELAYED_BATCH, p, R)
         g, _ = oracle.grad(x.unsqueeze(1), batch_keys.view(-1, 1), k, False)
-        noise = rng.normal(_keys(key, STREAM_DELAYED_NOISE, p, R), k, target.dim, torch.float64)
+        noise = rng.normal(_keys(seed, STREAM_DELAYED_NOISE, p, R), k, target.dim, torch.float64)
         deltas.append(-s.step_size * g[:, 0] + math.sqrt(2.0 * s.temperature * s.step_size) * noise)
     deltas = torch.stack(deltas)
-    return State(x + deltas.sum(0), k + 1), Info(deltas)
+    info = Info(deltas, s.workers * R, bool(torch.isfinite(deltas).all()))
+    return State(x + deltas.sum(0), k + 1), info

@@ -1,0 +1,149 @@
+"""A federated round, composed once: ``broadcast → client_update → server_update``.
+
+A federated sampler is a module with these functions (FA-HMC's, ``fedhmc.algorithms.fahmc``,
+is the model; debiased FA-HMC's adds its anchor):
+
+==============================================  ============================================
+``init(position, settings)``                    the state before round 1
+``broadcast(seed, state, settings, weights)``   the server's message of the next round
+``client_update(message, target, settings,      the round of the clients of ``target``
+seeds, **kept)``
+``server_update(state, update, combination,     the new state and the round's Info
+settings)``
+``combination(message, weights, replied)``      how the replies combine: `Weights` or
+                                                `Coefficients` (the rule for failed clients)
+``skip(state, settings)``                       a round in which no reply arrived
+``layout(settings, round_)``                    the arrays of the round's message and replies
+``kept_by_server(state)``                       what the batched clients kept, as the state
+                                                holds it (keyword arguments of
+                                                ``client_update``)
+``kept_by_client(message, last)``               what one client process kept from its last
+                                                round ``last`` = (message, update), if it
+                                                still applies
+``step(seed, state, target, settings)``         ``step`` below, the three in a row
+==============================================  ============================================
+
+The engine's ``step`` ([`step`][fedhmc.algorithms.federated.step]), the Flower ServerApp
+(its replies in place of the batched clients: [`finish`][fedhmc.algorithms.federated.finish])
+and the ClientApp (``client_update`` on its own data) all compose these same functions; a
+new federated sampler is its module and its registry entry.
+
+Pure PyTorch: no Flower import.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from types import ModuleType
+
+import torch
+
+from fedhmc.core import rng
+
+__all__ = [
+    "Coefficients",
+    "Layout",
+    "Weights",
+    "client_seed",
+    "client_seeds",
+    "finish",
+    "round_clients",
+    "round_seed",
+    "step",
+]
+
+
+@dataclass(frozen=True)
+class Weights:
+    """Relative weights (M,) of the clients that replied (n_c or w_c): the average is
+    Σ_c w_c θ^(c) / Σ_c w_c over them, so a client that failed drops out of it."""
+
+    values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """The round's coefficients a_c (M,) of the clients that replied, used as given:
+    Σ_c a_c θ^(c) (partial participation fixes them, rescaled over the clients that
+    replied by ``fedhmc.core.participation.renormalized``)."""
+
+    values: torch.Tensor
+
+
+@dataclass(frozen=True)
+class Layout:
+    """The arrays of one round's messages, each (S, D) per client.
+
+    Attributes
+    ----------
+    down
+        The Broadcast fields the server sends every drawn client (``position`` first).
+    up
+        The ClientUpdate fields each client replies with (``position`` first).
+    """
+
+    down: tuple[str, ...]
+    up: tuple[str, ...]
+
+    def bytes(self, clients: int, chains: int, dim: int, itemsize: int) -> tuple[int, int]:
+        """(down, up) bytes of arrays in a round of ``clients`` clients."""
+        per_array = clients * chains * dim * itemsize
+        return len(self.down) * per_array, len(self.up) * per_array
+
+
+def round_seed(seed: int, round_: int) -> int:
+    """The seed the server broadcasts in round ``round_`` of run ``seed`` (the shared
+    momentum's)."""
+    return rng.derive_int(seed, rng.STREAM_ROUND, round_)
+
+
+def client_seed(seed: int, client: int) -> int:
+    """Client ``client``'s private seed in run ``seed`` (never sent over the network)."""
+    return rng.derive_int(seed, rng.STREAM_CLIENT, client)
+
+
+def client_seeds(seed: int, clients, device=None) -> torch.Tensor:
+    """The private seeds (N,) of clients ``clients`` (a count N: clients 0 … N−1, or their
+    ids): client c's is ``client_seed(seed, c)``, so a subset of clients draws what they
+    draw among all."""
+    if isinstance(clients, int):
+        ids = range(clients)
+    elif isinstance(clients, torch.Tensor):
+        ids = clients.tolist()  # one transfer, not one per client
+    else:
+        ids = [int(c) for c in clients]
+    return torch.tensor([client_seed(seed, c) for c in ids], dtype=torch.int64, device=device)
+
+
+def round_clients(seed: int, message, target):
+    """(target, private seeds) of the clients that compute ``message``'s round of run
+    ``seed``: all of ``target``'s, or under partial participation only the drawn ones
+    (``target.subset``), so that idle clients compute and hold nothing."""
+    device = message.position.device
+    if message.client_ids is None:
+        return target, client_seeds(seed, target.num_clients, device)
+    return target.subset(message.client_ids), client_seeds(seed, message.client_ids, device)
+
+
+def finish(algorithm: ModuleType, state, settings, message, update, weights, replied=None):
+    """The server's side of a round from the replies that arrived.
+
+    ``update`` stacks them in client order (None: none arrived, and the round is skipped);
+    ``weights`` (M,) are their weights (n_c or w_c) in the same order, and ``replied`` the
+    mask (over ``message.client_ids``, under partial participation) of the drawn clients
+    that replied (None: all did). Returns (state, Info), or (state, None) when skipped."""
+    if update is None:
+        return algorithm.skip(state, settings), None
+    combination = algorithm.combination(message, weights, replied)
+    return algorithm.server_update(state, update, combination, settings)
+
+
+def step(algorithm: ModuleType, seed: int, state, target, settings):
+    """One round of ``algorithm`` with every client and chain batched (the engine):
+    ``broadcast``, ``client_update`` of the round's clients, ``server_update``."""
+    message = algorithm.broadcast(seed, state, settings, target.weights)
+    computing, seeds = round_clients(seed, message, target)
+    update = algorithm.client_update(
+        message, computing, settings, seeds, **algorithm.kept_by_server(state)
+    )
+    return finish(algorithm, state, settings, message, update, target.weights)
