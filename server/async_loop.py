@@ -33,12 +33,8 @@ from fedhmc_server.startup import Started, begin
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.algorithms.async_sgmcmc import (
-    AsyncChain,
-    Settings,
-    pooled_histogram,
-    staleness_rows,
-)
+from fedhmc.algorithms import registry
+from fedhmc.algorithms.async_sgmcmc import AsyncChain, pooled_histogram, staleness_rows
 from fedhmc.errors import ConfigError, FedHMCError
 from fedhmc.runtime import wire
 from fedhmc.runtime.backends import prepare
@@ -63,7 +59,7 @@ class AsyncServer:
         self.dtype = torch_dtype(cfg)
         self.device = theta0.device
         self.num_total = sum(n for _, n in sizes.values())
-        settings = Settings.from_config(cfg)
+        settings = registry.entry(cfg.algorithm).settings(cfg)
         self.chains = [
             AsyncChain(theta0[s], settings, cfg.seed, s, snapshot_every=cfg.local_steps)
             for s in range(cfg.chains)

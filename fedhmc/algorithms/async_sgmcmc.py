@@ -63,18 +63,6 @@ class Settings:
         if int(self.max_staleness) != self.max_staleness or self.max_staleness < 0:
             raise ConfigError(f"--max-staleness must be an integer ≥ 0, got {self.max_staleness}")
 
-    @staticmethod
-    def from_config(cfg) -> Settings:
-        """From a resolved [`RunConfig`][fedhmc.runtime.config.RunConfig] with an async
-        algorithm."""
-        return Settings(
-            method=cfg.algorithm.removeprefix("async-"),
-            step_size=float(cfg.step_size),
-            friction=float(cfg.friction),
-            temperature=float(cfg.temperature),
-            max_staleness=int(cfg.max_staleness),
-        )
-
 
 @dataclass
 class WorkerStats:

@@ -60,11 +60,20 @@ def debiased_settings(cfg) -> debiased.Settings:
     return debiased.Settings(anchor_batch_size=int(cfg.anchor_batch_size), **fahmc_fields(cfg))
 
 
-def async_settings(cfg):
-    """The asynchronous samplers' settings (``async_sgmcmc.Settings.from_config``)."""
-    from fedhmc.algorithms import async_sgmcmc
+def _async_settings(method: str) -> Callable:
+    def build(cfg):
+        """The asynchronous sampler's settings (each worker's chain)."""
+        from fedhmc.algorithms import async_sgmcmc
 
-    return async_sgmcmc.Settings.from_config(cfg)
+        return async_sgmcmc.Settings(
+            method=method,
+            step_size=float(cfg.step_size),
+            friction=float(cfg.friction),
+            temperature=float(cfg.temperature),
+            max_staleness=int(cfg.max_staleness),
+        )
+
+    return build
 
 
 def _stale_settings(method: str) -> Callable:
@@ -209,7 +218,7 @@ BUILTIN: tuple[Entry, ...] = (
     Entry(
         "async-sghmc",
         module_path="fedhmc.algorithms.async_sgmcmc",
-        settings=async_settings,
+        settings=_async_settings("sghmc"),
         summary="asynchronous distributed SGHMC: workers send gradients when ready",
         asynchronous=True,
         euler=True,
@@ -219,7 +228,7 @@ BUILTIN: tuple[Entry, ...] = (
     Entry(
         "async-sgld",
         module_path="fedhmc.algorithms.async_sgmcmc",
-        settings=async_settings,
+        settings=_async_settings("sgld"),
         summary="asynchronous distributed SGLD: workers send gradients when ready",
         asynchronous=True,
         euler=True,

@@ -26,7 +26,7 @@ from typing import Protocol
 
 import torch
 
-from fedhmc.algorithms import fahmc, registry
+from fedhmc.algorithms import registry
 from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
@@ -38,11 +38,9 @@ from fedhmc.runtime.threads import apply_threads, round_work
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
 
-def sampler_settings(cfg: RunConfig) -> fahmc.Settings:
-    """FA-HMC's settings from a resolved config (debiased FA-HMC's, with its anchor batch
-    size, for ``--algorithm fahmc-debiased``)."""
-    algo = registry.find(cfg.algorithm)
-    return algo.settings(cfg) if algo.leapfrog else registry.fahmc_settings(cfg)
+def sampler_settings(cfg: RunConfig):
+    """The Settings of the algorithm a resolved config runs (its registry entry's)."""
+    return registry.entry(cfg.algorithm).settings(cfg)
 
 
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:

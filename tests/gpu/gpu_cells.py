@@ -393,7 +393,8 @@ def run_async(method: str, model: str, device, seed: int = 3) -> dict:
 
     Returns the chain's θ after every round (``snapshots``), its momentum, its staleness
     counts and the BMA metrics of the round snapshots."""
-    from fedhmc.algorithms.async_sgmcmc import AsyncChain, Settings, worker_gradient, worker_key
+    from fedhmc.algorithms import registry
+    from fedhmc.algorithms.async_sgmcmc import AsyncChain, worker_gradient, worker_key
     from fedhmc.runtime.config import RunConfig
     from fedhmc.runtime.problem import build_client_target, build_evaluator, initial_position
 
@@ -414,7 +415,7 @@ def run_async(method: str, model: str, device, seed: int = 3) -> dict:
         max_staleness=2,
         device=str(device),
     ).resolve()
-    settings = Settings.from_config(cfg)
+    settings = registry.entry(cfg.algorithm).settings(cfg)
     evaluator, net, dim, _ = build_evaluator(cfg, dev)
     theta0 = initial_position(net, dim, cfg, dev)
     workers = range(cfg.num_clients)
