@@ -39,6 +39,7 @@ def _target_key(cfg: RunConfig, partition_id: int, num_total: int | None) -> tup
         cfg.model,
         cfg.model_arg,
         cfg.model_batching,
+        cfg.compile,
         cfg.hidden,
         cfg.num_clients,
         cfg.partition,

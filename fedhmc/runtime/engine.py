@@ -790,6 +790,7 @@ class EngineBackend:
     def __init__(self, cfg: RunConfig, problem: Problem, device: torch.device):
         self.cfg, self.target, self.dim = cfg, problem.target, problem.dim
         self.device = device
+        self.compiled = getattr(problem.model, "compiled", None)  # a module's gradient
         self.module, self.settings = registry.algorithm_of(cfg)
         theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
         self.state = self.module.init(theta0, self.settings)
@@ -818,7 +819,8 @@ class EngineBackend:
         self.state = checkpoint.state_from_dict(saved, cls, self.device, settings=self.settings)
 
     def summary(self) -> dict:
-        return {}
+        """Whether a module's gradient ran compiled (``--compile``; None: no module)."""
+        return {} if self.compiled is None else {"model_compiled": self.compiled}
 
 
 def run(

@@ -198,7 +198,7 @@ def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
         )
         return GaussianEvaluator(target, cfg.temperature or 1.0), None, cfg.dim, desc
     data = _load(cfg)
-    model = build_model(cfg, data, device)
+    model = build_model(cfg, data, device, gradients=False)
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
     )
@@ -318,12 +318,13 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     return model.init(init, keys, dtype).to(device)
 
 
-def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
+def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu", gradients: bool = True):
     """The likelihood model of a resolved config on ``data`` (a DatasetSplit).
 
     ``logistic`` and ``mlp`` are the hand-differentiated fast paths of
     ``fedhmc.models.nets``; ``cnn`` and any ``PACKAGE.MODULE:FACTORY`` (or a callable
-    given in Python) go through the generic ``TorchModel``.
+    given in Python) go through the generic ``TorchModel``, compiled under ``--compile``
+    where it computes ``gradients`` (a server's model only predicts).
     """
     name = cfg.model
     if name in ("logistic", "mlp"):
@@ -357,6 +358,7 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu"):
         device=device,
         name=label,
         batch_size=cfg.batch_size or len(data.y_train),
+        compile=bool(cfg.compile) and gradients,
     )
 
 

@@ -1,0 +1,102 @@
+"""``--compile``: a network module's gradient through ``torch.compile``.
+
+- The default is a fixed rule of the run's settings (a module, on the CPU, with enough
+  gradient evaluations to repay the compilation), recorded in ``config.json``.
+- The compiled gradient equals the eager one up to float rounding.
+- A module or a machine that cannot compile stays eager, said in one line; a resumed run
+  keeps the recorded choice.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+from torch import nn
+
+from fedhmc.errors import ConfigError
+from fedhmc.models.module import TorchModel
+from fedhmc.runtime.config import COMPILE_MIN_EVALS, RunConfig
+
+
+def _mlp():
+    return nn.Sequential(nn.Flatten(), nn.Linear(6, 5), nn.Tanh(), nn.Linear(5, 3))
+
+
+def _cfg(**kw) -> RunConfig:
+    base = dict(dataset="digits", model="cnn", num_clients=4, chains=2, local_steps=5)
+    return RunConfig(**{**base, **kw})
+
+
+def test_the_default_is_a_rule_of_the_settings():
+    # rounds × chains × clients × T × (K + 1) evaluations
+    per_round = 2 * 4 * 5 * 11
+    just = -(-COMPILE_MIN_EVALS // per_round)
+    assert _cfg(rounds=just).resolve().compile is True
+    assert _cfg(rounds=just - 1).resolve().compile is False
+    assert _cfg(rounds=just, leapfrog_steps=4).resolve().compile is False  # fewer evaluations
+    assert _cfg(rounds=just, compile=False).resolve().compile is False  # as given
+    assert _cfg(rounds=2, compile=True).resolve().compile is True
+    # the built-in, hand-differentiated models and the Gaussian targets never compile
+    assert RunConfig(dataset="digits", rounds=10_000).resolve().compile is False
+    assert RunConfig(dataset="gaussian-hetero", rounds=10_000).resolve().compile is False
+
+
+def test_compile_is_refused_where_there_is_nothing_to_compile():
+    with pytest.raises(ConfigError, match="--compile applies to a network"):
+        RunConfig(dataset="digits", model="logistic", compile=True).resolve()
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float64, 1e-12), (torch.float32, 1e-5)])
+def test_the_compiled_gradient_is_the_eager_one(dtype, tol):
+    gen = torch.Generator().manual_seed(0)
+    X = torch.randn(3, 7, 6, generator=gen, dtype=dtype)
+    y = torch.randint(0, 3, (3, 7), generator=gen)
+    sw = torch.rand(3, 7, generator=gen, dtype=dtype)
+    eager = TorchModel(_mlp, 3, X[0], dtype=dtype)
+    compiled = TorchModel(_mlp, 3, X[0], dtype=dtype, compile=True)
+    assert compiled.compiled and not eager.compiled
+    theta = torch.randn(3, eager.dim, generator=gen, dtype=dtype)
+    g0, v0 = eager.loss_grad(theta, X, y, sw)
+    g1, v1 = compiled.loss_grad(theta, X, y, sw)
+    torch.testing.assert_close(g1, g0, rtol=tol, atol=tol)
+    torch.testing.assert_close(v1, v0, rtol=tol, atol=tol)
+    _, none = compiled.loss_grad(theta, X, y, sw, need_value=False)
+    assert none is None
+
+
+def test_a_module_that_cannot_compile_stays_eager_in_one_line(monkeypatch, capsys):
+    def fail(*args, **kwargs):
+        raise RuntimeError("no C compiler found\nsecond line")
+
+    monkeypatch.setattr(torch, "compile", fail)
+    model = TorchModel(_mlp, 3, torch.randn(2, 6), compile=True)
+    assert not model.compiled
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs uncompiled" in err[0] and "no C compiler" in err[0], err
+
+
+def test_loop_batching_and_large_minibatches_are_not_compiled():
+    from fedhmc.models.module import COMPILE_MAX_VALUES
+
+    model = TorchModel(_mlp, 3, torch.randn(2, 6), batching="loop", compile=True)
+    assert not model.compiled
+    rows = COMPILE_MAX_VALUES // 6  # examples of 6 values: just below, then at the limit
+    assert TorchModel(_mlp, 3, torch.randn(2, 6), compile=True, batch_size=rows).compiled
+    assert not TorchModel(_mlp, 3, torch.randn(2, 6), compile=True, batch_size=rows + 1).compiled
+
+
+def test_the_run_records_the_choice(tmp_path):
+    from fedhmc.runtime.engine import run
+
+    cfg = _cfg(rounds=2, chains=1, num_clients=2, local_steps=1, leapfrog_steps=2)
+    res = run(cfg.replace(out=str(tmp_path / "r"), compile=False), progress=False)
+    saved = json.loads((tmp_path / "r" / "config.json").read_text())
+    assert saved["compile"] is False and res.summary["model_compiled"] is False
+    # a built-in model records null: the setting played no part
+    res = run(
+        RunConfig(dataset="digits", rounds=2, chains=1, out=str(tmp_path / "b")), progress=False
+    )
+    assert json.loads((tmp_path / "b" / "config.json").read_text())["compile"] is None
+    assert "model_compiled" not in res.summary
