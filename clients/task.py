@@ -92,12 +92,11 @@ def _reply(update, up: tuple[str, ...], c: int, n_c: int) -> tuple[dict, dict]:
     return wire.encode_reply(update, up, c), values
 
 
-# This process's last round of each client it computed alone: (message, update), keyed by
-# everything that determines it. An algorithm's ``kept_by_client`` takes from it what its
-# clients keep (debiased FA-HMC: the local gradient at the anchor, so the next round need
-# not recompute it; a client in a new process, or one that missed a round, recomputes it:
-# the value is the same).
-_LAST: dict[tuple, tuple] = {}
+# What each client this process computed alone keeps of its last round (its algorithm's
+# ``client_keeps``: debiased FA-HMC's local gradient at the anchor, so the next round need
+# not recompute it; FA-HMC's, nothing), keyed by everything that determines it. A client in
+# a new process, or one that missed a round, recomputes it: the value is the same.
+_LAST: dict[tuple, dict] = {}
 
 
 def local_update(
@@ -135,9 +134,11 @@ def local_update(
     seeds = torch.tensor([seed], device=cfg.device)
     algorithm = wire.algorithm_entry(config).module
     last = (cfg, partition_id, seed, _run_settings(config))
-    kept = algorithm.kept_by_client(message, _LAST.get(last))
+    kept = algorithm.kept_by_client(message, _LAST.pop(last, {}))
     update = algorithm.client_update(message, target, settings, seeds, **kept)
-    _LAST[last] = (message, update)
+    keeps = algorithm.client_keeps(message, update)
+    if keeps:
+        _LAST[last] = keeps
     up = algorithm.layout(settings, message.round).up
     return _reply(moved(update, "cpu"), up, 0, n_c)
 

@@ -52,8 +52,13 @@ def _as_int(value) -> int | float:
     return value if isinstance(value, (int, float)) else float("nan")
 
 
-def _as_float(value) -> float:
-    return float(value) if isinstance(value, (int, float)) else float("nan")
+def _mean_of_clients(values) -> float | None:
+    """The mean over the clients (in partition order) of the values (1, M) they reported, as
+    a sum of Python floats: the health number of the round's row."""
+    if values is None:
+        return None
+    per_client = values.reshape(-1).tolist()
+    return sum(per_client) / len(per_client)
 
 
 def serve(
@@ -161,7 +166,8 @@ class RoundServer:
             self.algorithm, self.state, self.settings, message, update, weights, replied
         )
         if info is not None:
-            stats.finite, stats.energy_error = info.finite, info.energy_error
+            stats.finite = info.finite
+            stats.energy_error = _mean_of_clients(update.energy_error)
         return stats
 
     def _deadline(self) -> float | None:
@@ -221,11 +227,12 @@ class RoundServer:
         evals = m.get("grad-evals")
         if isinstance(evals, bool) or not isinstance(evals, int) or evals < 0:
             raise ReplyError(f"grad-evals must be an integer ≥ 0, got {evals!r}")
-        health = {  # the client's energy and mean |ΔH|, (1, 1) each, where it sends them
-            f: torch.tensor([[_as_float(m[k])]], dtype=torch.float64, device=self.device)
-            for k, f in (("energy", "energy"), ("energy-error", "energy_error"))
-            if k in m
-        }
+        health = {}  # the client's energy and mean |ΔH|, (1, 1) each, where it sends them
+        for k, f in (("energy", "energy"), ("energy-error", "energy_error")):
+            if k in m:
+                if isinstance(m[k], bool) or not isinstance(m[k], (int, float)):
+                    raise ReplyError(f"{k} must be a number, got {m[k]!r}")
+                health[f] = torch.tensor([[float(m[k])]], dtype=torch.float64, device=self.device)
         update = wire.decode_reply(got, self.device, grad_evals=evals, **health)
         return pid, int(n_c), update
 
@@ -277,9 +284,10 @@ class RoundServer:
         update = stack_updates([a[2] for a in accepted])
         weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64, device=self.device)
         replied = None
-        if message.client_ids is not None:
-            ids = {a[0] for a in accepted}
-            replied = torch.tensor([int(c) in ids for c in message.client_ids], device=self.device)
+        if message.client_ids is not None:  # positions in partition order, not partition ids
+            order = {self.sizes[nid][0]: i for i, nid in enumerate(self.by_partition)}
+            got = {order[a[0]] for a in accepted}
+            replied = torch.tensor([int(c) in got for c in message.client_ids], device=self.device)
         return update, weights, replied
 
     def state_dict(self) -> dict:
@@ -290,7 +298,9 @@ class RoundServer:
     def load_state_dict(self, saved: dict) -> None:
         from fedhmc.runtime import checkpoint
 
-        self.state = checkpoint.state_from_dict(saved.get("state"), type(self.state), self.device)
+        self.state = checkpoint.state_from_dict(
+            saved.get("state"), type(self.state), self.device, settings=self.settings
+        )
         self.failed_rounds = int(saved.get("failed_rounds", 0))
 
     def summary(self) -> dict:

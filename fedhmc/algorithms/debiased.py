@@ -51,6 +51,7 @@ __all__ = [
     "client_update",
     "combination",
     "init",
+    "client_keeps",
     "kept_by_client",
     "kept_by_server",
     "layout",
@@ -198,18 +199,23 @@ def kept_by_server(state: State) -> dict:
     return {"anchor_local": state.anchor_local}
 
 
-def kept_by_client(message: Broadcast, last) -> dict:
-    """A client process's local gradient at θ_a when its last round ``last`` (its
-    (message, update), or None) was the round that sent θ_a: the same value it would
+def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
+    """What a client process keeps of its round for the next: the position it was sent,
+    that round, and its local gradient there (the next round's anchor, if all goes well)."""
+    return {"round": message.round, "position": message.position, "grad": update.local_grad}
+
+
+def kept_by_client(message: Broadcast, kept: dict) -> dict:
+    """A client process's local gradient at θ_a when what it ``kept`` (``client_keeps`` of
+    its last round, or {}) is of the round that sent θ_a: the same value it would
     recompute."""
-    if last is None or message.anchor_position is None:
+    if not kept or message.anchor_position is None:
         return {}
-    sent, update = last
-    if sent.round != message.anchor_round or not torch.equal(
-        sent.position, message.anchor_position
+    if kept["round"] != message.anchor_round or not torch.equal(
+        kept["position"], message.anchor_position
     ):
         return {}
-    return {"anchor_local": update.local_grad}
+    return {"anchor_local": kept["grad"]}
 
 
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:

@@ -716,7 +716,12 @@ def kept_by_server(state: State) -> dict:
     return {}
 
 
-def kept_by_client(message: Broadcast, last) -> dict:
+def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
+    """What a client process keeps of its round for the next: FA-HMC's, nothing."""
+    return {}
+
+
+def kept_by_client(message: Broadcast, kept: dict) -> dict:
     """FA-HMC's clients keep nothing between rounds."""
     return {}
 
@@ -747,6 +752,7 @@ __all__ = [
     "data_keys",
     "energy_error_sign",
     "init",
+    "client_keeps",
     "kept_by_client",
     "kept_by_server",
     "layout",

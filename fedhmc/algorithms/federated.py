@@ -17,8 +17,9 @@ settings)``
 ``kept_by_server(state)``                       what the batched clients kept, as the state
                                                 holds it (keyword arguments of
                                                 ``client_update``)
-``kept_by_client(message, last)``               what one client process kept from its last
-                                                round ``last`` = (message, update), if it
+``client_keeps(message, update)``               what one client process keeps of a round
+``kept_by_client(message, kept)``               what it kept of its last round, as keyword
+                                                arguments of ``client_update``, where it
                                                 still applies
 ``step(seed, state, target, settings)``         ``step`` below, the three in a row
 ==============================================  ============================================

@@ -142,6 +142,7 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
         for key in ("cuda_graphs", "client_gpus"):
             if key not in given:
                 saved.pop(key, None)
+    saved.setdefault("compile", False)  # a run recorded before --compile: uncompiled
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
     burn = saved.get("burn_in")

@@ -537,14 +537,19 @@ class TorchModel:
             if not float((got - want).abs().max()) <= COMPILE_RTOL.get(x.dtype, 1e-3) * scale:
                 raise ValueError("its gradient differs from the eager one")
         except Exception as e:  # noqa: BLE001 - torch.compile's failures are many: said in one line
-            why = describe_exception(e).splitlines()[0][:200]
-            print(
-                f"fedhmc: --model {self.name} runs uncompiled: torch.compile failed ({why})",
-                file=sys.stderr,
-            )
-            self._compiled_fn = None
+            self._uncompiled(e)
             return
         self.compiled = True
+
+    def _uncompiled(self, exc: BaseException) -> None:
+        """Leave the compiled gradient for the eager one, with one line on stderr."""
+        why = describe_exception(exc).splitlines()[0][:200]
+        print(
+            f"fedhmc: --model {self.name} runs uncompiled: torch.compile failed ({why})",
+            file=sys.stderr,
+        )
+        self.compiled = False
+        self._compiled_fn = None
 
     def _bind(self) -> list[tuple[torch.nn.Module, str, int]]:
         """(submodule, attribute, index in θ's parameters) of every name under which a
@@ -732,14 +737,14 @@ class TorchModel:
         ``_log_softmax_backward_data``), with the same numbers (tested against
         autograd through the whole loss) and seven fewer nodes for the autograd engine.
         """
-        if self.compiled:
+        if self.compiled and X[0].numel() < COMPILE_MAX_VALUES:  # (not a full-batch anchor)
             try:
                 g, nll = self._compiled()(theta.detach(), X, y, sw)
+                return g, nll if need_value else None
             except Exception as e:
                 if _passes_through(e):
                     raise
-                raise self._user_error(e, "compiled forward or backward pass") from e
-            return g, nll if need_value else None
+                self._uncompiled(e)  # torch.compile failed on these shapes: eager from now on
         try:
             with torch.enable_grad():
                 th = theta.detach().requires_grad_(True)

@@ -24,17 +24,37 @@ RUNNERS = {
 
 
 def prepare(cfg: RunConfig) -> RunConfig:
-    """``cfg`` resolved (its defaults filled in), with its output directory fixed."""
+    """``cfg`` resolved (its defaults filled in), with its output directory fixed. A resumed
+    run keeps the ``--compile`` its folder recorded, unless ``cfg`` sets it."""
+    if cfg.resume and cfg.compile is None and cfg.out:
+        cfg = cfg.replace(compile=saved_compile(cfg.out))
     cfg = cfg.resolve()
     return cfg.replace(out=cfg.out or cfg.default_out())
 
 
+def saved_compile(out) -> bool | None:
+    """The ``--compile`` that the run in folder ``out`` recorded in its config.json: False for
+    a run recorded before the option existed (its gradients were not compiled), None where
+    it played no part or nothing is readable (the default rule decides)."""
+    import json
+    from pathlib import Path
+
+    try:
+        saved = json.loads((Path(out) / "config.json").read_text())
+    except (OSError, ValueError):
+        return None
+    if not isinstance(saved, dict):
+        return None
+    value = saved.get("compile", False)
+    return value if isinstance(value, bool) else None
+
+
 def run_config(
     cfg: RunConfig,
-    progress: bool = True,
-    threads: int | str | None = None,
-    on_round=None,
     problem=None,
+    progress: bool = True,
+    on_round=None,
+    threads: int | str | None = None,
 ):
     """Run ``cfg`` on its backend (``fedhmc.run``); returns the backend's
     [`RunResult`][fedhmc.runtime.engine.RunResult].

@@ -252,18 +252,20 @@ def prepare_out(cfg: RunConfig) -> dict | None:
 
 
 def resume_or_replace(cfg: RunConfig) -> RunConfig:
-    """For a sweep or experiment cell: continue the run in ``cfg.out`` from its checkpoint
-    when it is compatible, else replace whatever the folder holds."""
+    """For a sweep or experiment cell (``cfg`` with its ``out``, resolved here): continue the
+    run in ``cfg.out`` from its checkpoint when it is compatible, else replace whatever the
+    folder holds."""
     from fedhmc.runtime import checkpoint
 
     out = Path(cfg.out)
     if (out / checkpoint.NAME).exists() or (out / checkpoint.PREVIOUS).exists():
         try:
-            prepare_out(cfg.replace(resume=True, overwrite=False))
-            return cfg.replace(resume=True, overwrite=False)
+            resumed = prepare(cfg.replace(resume=True, overwrite=False))
+            prepare_out(resumed)
+            return resumed
         except ConfigError:
             pass
-    return cfg.replace(resume=False, overwrite=True)
+    return prepare(cfg.replace(resume=False, overwrite=True))
 
 
 def _history_from_csv(path: Path, upto: int) -> list[dict]:

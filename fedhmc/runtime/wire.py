@@ -32,6 +32,7 @@ DATA = {
     "batch-size": ("batch_size", int),
     "prior-std": ("prior_std", float),
     "minibatch": ("minibatch", str),
+    "compile": ("compile", bool),
 }
 """The settings of a client's target that the server decides."""
 

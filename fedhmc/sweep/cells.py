@@ -99,7 +99,7 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
-        from fedhmc.runtime.backends import prepare, run_config
+        from fedhmc.runtime.backends import run_config
         from fedhmc.runtime.engine import resume_or_replace
 
         cell = {**settings, "out": cell_dir}
@@ -108,7 +108,7 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
             cell["device"] = device
         if cell.get("tensorboard"):  # one TensorBoard run per cell
             cell["tensorboard"] = str(Path(cell["tensorboard"]) / Path(cell_dir).name)
-        cfg = resume_or_replace(prepare(RunConfig.from_mapping(cell)))
+        cfg = resume_or_replace(RunConfig.from_mapping(cell))
         run_config(cfg, progress=False, threads=threads or None)
     except RunInterrupted as e:
         status, error = "interrupted", str(e)

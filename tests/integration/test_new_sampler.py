@@ -91,7 +91,11 @@ def kept_by_server(state):
     return {}
 
 
-def kept_by_client(message, last):
+def client_keeps(message, update):
+    return {}
+
+
+def kept_by_client(message, kept):
     return {}
 
 

@@ -100,3 +100,60 @@ def test_the_run_records_the_choice(tmp_path):
     )
     assert json.loads((tmp_path / "b" / "config.json").read_text())["compile"] is None
     assert "model_compiled" not in res.summary
+
+
+def test_a_failure_at_run_time_falls_back_to_the_eager_gradient(capsys):
+    X = torch.randn(2, 5, 6)
+    y, sw = torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5)
+    model = TorchModel(_mlp, 3, X[0], compile=True)
+    theta = torch.randn(2, model.dim)
+    capsys.readouterr()
+
+    def fail(*args):
+        raise RuntimeError("inductor failed on this shape")
+
+    model._compiled_fn = fail
+    g, v = model.loss_grad(theta, X, y, sw)
+    want, _ = TorchModel(_mlp, 3, X[0]).loss_grad(theta, X, y, sw)
+    torch.testing.assert_close(g, want)
+    assert not model.compiled
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs uncompiled" in err[0], err
+
+
+def test_a_resumed_run_keeps_its_recorded_choice(tmp_path):
+    from fedhmc.runtime.backends import prepare, saved_compile
+    from fedhmc.runtime.checkpoint import check_resumable
+
+    folder = tmp_path / "run"
+    folder.mkdir()
+    long = _cfg(rounds=10_000, out=str(folder))  # the rule would compile it
+    assert long.resolve().compile is True
+    (folder / "config.json").write_text(json.dumps({"compile": False}))
+    assert saved_compile(folder) is False
+    assert prepare(long.replace(resume=True)).compile is False  # the folder's, not the rule's
+    assert prepare(long.replace(resume=True, compile=True)).compile is True  # as given
+    # a run recorded before the option existed was uncompiled
+    (folder / "config.json").write_text(json.dumps({"dataset": "digits"}))
+    assert saved_compile(folder) is False
+    old = {k: v for k, v in _cfg(rounds=3, compile=False).resolve().to_dict().items()}
+    del old["compile"]
+    check_resumable(old, 2, fedhmc_version(), _cfg(rounds=3, compile=False).resolve())
+    with pytest.raises(ConfigError, match="another --compile in its checkpoint .False."):
+        check_resumable(old, 2, fedhmc_version(), _cfg(rounds=3, compile=True).resolve())
+
+
+def fedhmc_version() -> str:
+    import fedhmc
+
+    return fedhmc.__version__
+
+
+def test_the_server_decides_for_its_clients():
+    from fedhmc.runtime import wire
+
+    cfg = _cfg(rounds=3, compile=True).resolve()
+    message = wire.encode_round(cfg, 1, 100)
+    assert message["compile"] is True
+    client = _cfg(rounds=3, compile=False).resolve()
+    assert wire.apply_data(client, message).compile is True

@@ -27,6 +27,8 @@ INTERFACE = {
     "server_update": "a federated algorithm's server update (fahmc, debiased)",
     "kept_by_client": "a federated algorithm's client-kept state (fahmc, debiased)",
     "kept_by_server": "a federated algorithm's server-kept state (fahmc, debiased)",
+    "client_keeps": "what a federated algorithm's client keeps of a round (fahmc, debiased)",
+    "combination": "a federated algorithm's rule for combining replies (the interface)",
     "layout": "a federated algorithm's message arrays (fahmc, debiased; wire dispatches)",
     "skip": "a federated algorithm's round without a client (the federated interface)",
     # The app interface: Flower and the command line look these names up.
