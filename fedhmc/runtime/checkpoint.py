@@ -281,7 +281,13 @@ def check_compatible(
             f"the checkpoint was written by fedhmc {version}, this is {__version__}; "
             "continue it with that version, or start the run again"
         )
-    for key in sorted(set(saved) | set(config)):
+    import dataclasses
+
+    from fedhmc.runtime.config import RunConfig
+
+    # In the options' order (--model before the --compile it implies), then any others.
+    order = {f.name: i for i, f in enumerate(dataclasses.fields(RunConfig))}
+    for key in sorted(set(saved) | set(config), key=lambda k: (order.get(k, len(order)), k)):
         if key in RESUMABLE_CHANGES or key.startswith("_"):
             continue
         a, b = saved.get(key), config.get(key)

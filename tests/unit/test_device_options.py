@@ -83,12 +83,12 @@ def test_experiment_device_reaches_the_cells(monkeypatch):
 
     seen = {}
 
-    def fake_prepare(cfg):
+    def fake_resume_or_replace(cfg):
         seen["device"] = cfg.device
         raise ConfigError("stop here")
 
     monkeypatch.setenv(cells.DEVICE_ENV, "cpu")
-    monkeypatch.setattr("fedhmc.runtime.backends.prepare", fake_prepare)
+    monkeypatch.setattr("fedhmc.runtime.engine.resume_or_replace", fake_resume_or_replace)
     res = cells.run_cell({"dataset": "digits", "rounds": 1}, "/nonexistent/cell")
     assert res["status"] == "failed" and seen["device"] == "cpu"
     monkeypatch.setenv(cells.DEVICE_ENV, "cuda:3")
