@@ -635,7 +635,7 @@ def client_update(
     origin = None if message.origin is None else message.origin.unsqueeze(1)
     reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
 
-    def round_fn(theta_bar, shared, private, correction):
+    def round_fn(theta_bar, shared, private, correction, momentum, origin):
         u = local_iterations(
             target,
             theta_bar.unsqueeze(1).expand(S, M, D),
@@ -650,13 +650,18 @@ def client_update(
         )
         return u.position, u.energy, u.energy_error, u.momentum
 
-    inputs = (theta_bar, shared, private, correction)
+    inputs = (theta_bar, shared, private, correction, momentum, origin)
     graphs = getattr(target, "graphs", None)
-    if graphs is not None and not reshuffle and not settings.leapfrog_sync:
-        # Every round of Algorithm 3 runs the same kernels on new inputs: replayed from a
-        # CUDA graph (fedhmc.core.graphs); its number and the closure's other values are
-        # the same in every round of the kind the key names.
-        key = (target, settings, S, M, D, theta_bar.dtype, correction is None)
+    if graphs is not None and not reshuffle:
+        # Every round of a kind runs the same kernels on new inputs: replayed from a CUDA
+        # graph (fedhmc.core.graphs). Its number and the closure's other values are the
+        # same in every round of the kind the key names: under sync_unit="leapfrog" the
+        # kind includes the round's stretches (where trajectories start and end in it),
+        # which repeat with a period of lcm(T, K) / T rounds. (Random-reshuffling
+        # minibatches count across the run: their rounds run eagerly.)
+        kind = tuple(settings.segments(message.round)) if settings.leapfrog_sync else None
+        nones = tuple(x is None for x in inputs)
+        key = (target, settings, S, M, D, theta_bar.dtype, nones, kind)
         position, energy, energy_error, p = graphs(key, round_fn, inputs)
     else:
         position, energy, energy_error, p = round_fn(*inputs)

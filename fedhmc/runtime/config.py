@@ -381,8 +381,8 @@ class RunConfig:
     cuda_graphs: bool | None = _f(
         None,
         "capture each round's local iterations in a CUDA graph and replay it (default: on "
-        "with `--device cuda`; Algorithm 3's rounds on every client; the chain is the same "
-        "either way)",
+        "with `--device cuda`; every client's rounds, except under partial participation "
+        "and reshuffled minibatches; the chain is the same either way)",
     )
     client_gpus: float | None = _f(
         None,

@@ -214,16 +214,41 @@ def test_debiased_rounds_replay_with_their_correction():
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_partial_participation_and_the_authors_protocol_run_eagerly():
+def test_partial_participation_and_reshuffled_minibatches_run_eagerly():
     cfg, problem, theta = _problem(num_clients=6, clients_per_round=3)
     graphs = RoundGraphs(capture=EagerReplay)
     _run(cfg, problem, theta, _settings(cfg, clients_per_round=3), graphs, 3)
     assert graphs.replays == 0  # a round's clients change: its target is a new subset
-    cfg, problem, theta = _problem()
+    cfg, problem, theta = _problem(minibatch="reshuffle")
     graphs = RoundGraphs(capture=EagerReplay)
     settings = _settings(cfg, sync_unit="leapfrog", fresh_gradients=True)
-    _run(cfg, problem, theta, settings, graphs, 3)
-    assert graphs.replays == 0
+    _run(cfg, problem, theta, settings, graphs, 4)
+    assert graphs.replays == 0  # the minibatch counter runs across rounds
+
+
+@pytest.mark.parametrize(
+    "extra",
+    [
+        {},  # T = 2, K = 3: rounds start mid-trajectory in a cycle of 3 kinds
+        {"fresh_gradients": True},
+        {"restart": True},  # the authors' BLR protocol: trajectories restart from X₀
+    ],
+    ids=["reused", "fresh", "restart"],
+)
+def test_leapfrog_synced_rounds_replay_by_their_kind(extra):
+    """Under sync_unit="leapfrog" a round's stretches (where its trajectories start and end)
+    repeat every lcm(T, K) / T rounds: each kind is captured at its second occurrence and
+    replayed after, with the averaged momentum and the origin as inputs."""
+    cfg, problem, theta = _problem()
+    settings = _settings(cfg, sync_unit="leapfrog", **extra)
+    eager = _run(cfg, problem, theta, settings, None, 12)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = _run(cfg, problem, theta, settings, graphs, 12)
+    # 3 kinds of round (K = 3, T = 2): warmed up in rounds 1–3, captured in 4–6, replayed in
+    # 7–12
+    assert graphs.off is None and graphs.replays == 6
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 # ------------------------------------------------------------------ the bookkeeping
