@@ -140,14 +140,15 @@ class RoundServer:
         from fedhmc.runtime.engine import RoundStats
 
         message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)
-        content = self._messages(message)
+        layout = self.algorithm.layout(self.settings, r)  # the arrays down and up
+        content = self._messages(message, layout)
         t0 = time.monotonic()
         ok, failed = self.exchange(
             content, MessageType.TRAIN, str(r), self.cfg.round_timeout, self._deadline()
         )
         if not failed:  # a complete round: what the straggler deadline is measured on
             self.durations.append(time.monotonic() - t0)
-        replies = self._accept(ok, failed, r)
+        replies = self._accept(ok, failed, layout)
         self._check_failures(failed, r)
         stats = RoundStats(
             grad_evals=sum(rep.grad_evals for _, _, rep in replies.accepted),
@@ -179,27 +180,27 @@ class RoundServer:
         recent = sorted(self.durations[-10:])
         return max(cfg.straggler_floor, cfg.straggler_factor * recent[len(recent) // 2])
 
-    def _messages(self, message) -> dict:
+    def _messages(self, message, layout) -> dict:
         """{node: the round's message} of the round's clients (under partial participation,
         only the drawn ones)."""
         from fedhmc.runtime import wire
 
-        values, tensors = wire.encode_message(self.cfg, message, self.num_total)
+        values, tensors = wire.encode_message(self.cfg, message, self.num_total, layout)
         config = ConfigRecord(values)
-        arrays = ArrayRecord({k: Array(v.detach().cpu().numpy()) for k, v in tensors.items()})
+        arrays = ArrayRecord({k: Array(v.numpy()) for k, v in tensors.items()})
         drawn = self.by_partition
         if message.client_ids is not None:
             drawn = [self.by_partition[int(i)] for i in message.client_ids]
         return {nid: RecordDict({"arrays": arrays, "config": config}) for nid in drawn}
 
-    def _accept(self, ok: dict, failed: dict, r: int) -> Replies:
+    def _accept(self, ok: dict, failed: dict, layout) -> Replies:
         """The valid replies as (partition id, n_c, ClientUpdate), in partition order; an
         invalid one joins ``failed`` with its reason."""
         from fedhmc.core.aggregate import ReplyError
         from fedhmc.runtime import wire
 
         out = Replies()
-        up = wire.reply_names(self.cfg, r)
+        up = wire.reply_names(layout)
         for nid, rep in ok.items():
             out.bytes_up += _record_bytes(rep.content)
             try:

@@ -514,12 +514,20 @@ class Info:
 
 
 def round_info(update: ClientUpdate, momentum: torch.Tensor | None = None) -> Info:
-    """The Info of a round whose clients replied with ``update``."""
+    """The Info of a round whose clients replied with ``update``: its two health numbers
+    come to the host in one transfer."""
+    health = []
+    if update.energy is not None:
+        health.append(torch.isfinite(update.energy).all().to(torch.float64))
+    if update.energy_error is not None:
+        health.append(update.energy_error.mean(dtype=torch.float64))
+    values = torch.stack(health).tolist() if health else []
+    finite = True if update.energy is None else values.pop(0) == 1.0
     return Info(
         grad_evals=int(update.grad_evals),
-        finite=update.energy is None or bool(torch.isfinite(update.energy).all()),
+        finite=finite,
         clients=int(update.position.shape[1]),
-        energy_error=None if update.energy_error is None else float(update.energy_error.mean()),
+        energy_error=values[0] if values else None,
         energy=update.energy,
         momentum=momentum,
     )

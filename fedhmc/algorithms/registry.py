@@ -176,6 +176,36 @@ _FAHMC = dict(
     batches_colocated=True,
 )
 
+
+def _pooled(method: str) -> Entry:
+    """The stale-gradient sampler ``method`` (``sghmc``: with momentum) on the pooled data."""
+    return Entry(
+        method,
+        module_path="fedhmc.algorithms.stale",
+        settings=_stale_settings(method),
+        summary=f"{method.upper()} with stale gradients, on the pooled data",
+        federated=False,
+        euler=True,
+        momentum=method == "sghmc",
+        no_partial_reason=POOLED,
+        backends=(ENGINE,),
+    )
+
+
+def _asynchronous(method: str) -> Entry:
+    """The asynchronous distributed sampler ``method`` (``sghmc``: with momentum)."""
+    return Entry(
+        f"async-{method}",
+        module_path="fedhmc.algorithms.async_sgmcmc",
+        settings=_async_settings(method),
+        summary=f"asynchronous distributed {method.upper()}: workers send gradients when ready",
+        asynchronous=True,
+        euler=True,
+        momentum=method == "sghmc",
+        backends=(FLOWER,),
+    )
+
+
 BUILTIN: tuple[Entry, ...] = (
     Entry(
         "fahmc",
@@ -194,46 +224,8 @@ BUILTIN: tuple[Entry, ...] = (
         no_partial_reason=" (debiased FA-HMC needs every client's gradient at its anchor)",
         anchor=True,
     ),
-    Entry(
-        "sghmc",
-        module_path="fedhmc.algorithms.stale",
-        settings=_stale_settings("sghmc"),
-        summary="SGHMC with stale gradients, on the pooled data",
-        federated=False,
-        euler=True,
-        momentum=True,
-        no_partial_reason=POOLED,
-        backends=(ENGINE,),
-    ),
-    Entry(
-        "sgld",
-        module_path="fedhmc.algorithms.stale",
-        settings=_stale_settings("sgld"),
-        summary="SGLD with stale gradients, on the pooled data",
-        federated=False,
-        euler=True,
-        no_partial_reason=POOLED,
-        backends=(ENGINE,),
-    ),
-    Entry(
-        "async-sghmc",
-        module_path="fedhmc.algorithms.async_sgmcmc",
-        settings=_async_settings("sghmc"),
-        summary="asynchronous distributed SGHMC: workers send gradients when ready",
-        asynchronous=True,
-        euler=True,
-        momentum=True,
-        backends=(FLOWER,),
-    ),
-    Entry(
-        "async-sgld",
-        module_path="fedhmc.algorithms.async_sgmcmc",
-        settings=_async_settings("sgld"),
-        summary="asynchronous distributed SGLD: workers send gradients when ready",
-        asynchronous=True,
-        euler=True,
-        backends=(FLOWER,),
-    ),
+    *(_pooled(method) for method in ("sghmc", "sgld")),
+    *(_asynchronous(method) for method in ("sghmc", "sgld")),
 )
 
 PLUGIN_GROUP = "fedhmc.algorithms"

@@ -11,7 +11,7 @@ import math
 import typing
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import RunConfig, with_settings_added
 
 
 class _Parser(argparse.ArgumentParser):
@@ -142,7 +142,7 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
         for key in ("cuda_graphs", "client_gpus"):
             if key not in given:
                 saved.pop(key, None)
-    saved.setdefault("compile", False)  # a run recorded before --compile: uncompiled
+    saved = with_settings_added(saved)  # (a run recorded before a setting existed)
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
     burn = saved.get("burn_in")

@@ -45,7 +45,9 @@ def saved_compile(out) -> bool | None:
         return None
     if not isinstance(saved, dict):
         return None
-    value = saved.get("compile", False)
+    from fedhmc.runtime.config import with_settings_added
+
+    value = with_settings_added(saved)["compile"]
     return value if isinstance(value, bool) else None
 
 

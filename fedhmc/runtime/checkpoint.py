@@ -260,8 +260,6 @@ def check_resumable(
     def plain(config: dict) -> dict:
         return json.loads(json.dumps(config, default=str))
 
-    # A run recorded before --compile existed computed its gradients uncompiled.
-    saved_config = {"compile": False, **saved_config}
     saved = {**recorded_settings(plain(saved_config)), "_round_reached": int(reached)}
     check_compatible(saved, plain(cfg.recorded()), version, given=set(given))
 

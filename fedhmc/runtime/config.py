@@ -148,15 +148,27 @@ def unused_settings(config: dict) -> list[str]:
     return unused
 
 
+SETTINGS_ADDED = {"compile": False}
+"""Settings that runs recorded before they existed lack, with the value those runs computed
+with (before ``--compile``, no gradient was compiled)."""
+
+
+def with_settings_added(config: dict) -> dict:
+    """A saved run's settings (a ``config.json`` or a checkpoint's) with ``SETTINGS_ADDED``
+    where it was recorded before they existed."""
+    return {**SETTINGS_ADDED, **config}
+
+
 def recorded_settings(config: dict) -> dict:
     """``config`` (a resolved run's settings dict, or a ``config.json``) with the settings
     that played no part in the run set to ``None``: what ``config.json`` records.
 
     Applying it to both sides of a comparison (a resume's checkpoint and the new run, a
     sweep cell's ``config.json`` and its settings) compares what the runs computed with;
-    it is idempotent, so a ``config.json`` written before it existed compares the same.
+    it is idempotent, so a ``config.json`` written before it existed compares the same
+    (``with_settings_added``).
     """
-    out = dict(config)
+    out = with_settings_added(config)
     for key in unused_settings(config):
         if key in out:
             out[key] = None

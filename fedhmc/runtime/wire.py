@@ -106,26 +106,20 @@ def _names(fields, table: dict) -> tuple[str, ...]:
     return tuple(by_field[f] for f in fields)
 
 
-def layout(cfg: RunConfig, round_: int):
-    """The arrays of round ``round_``'s messages (the algorithm's ``layout``)."""
-    module, settings = registry.algorithm_of(cfg)
-    return module.layout(settings, round_)
+def reply_names(layout) -> tuple[str, ...]:
+    """The array names of a client's reply in a round of ``layout`` (the algorithm's)."""
+    return _names(layout.up, REPLY_ARRAYS)
 
 
-def reply_names(cfg: RunConfig, round_: int) -> tuple[str, ...]:
-    """The array names of a client's reply in round ``round_``."""
-    return _names(layout(cfg, round_).up, REPLY_ARRAYS)
-
-
-def encode_message(cfg: RunConfig, message, num_total: int) -> tuple[dict, dict]:
-    """A round's Broadcast as the (settings, arrays) of a Flower message: the arrays its
-    algorithm's ``layout`` names (θ̄ first), by their wire names, on the CPU."""
+def encode_message(cfg: RunConfig, message, num_total: int, layout) -> tuple[dict, dict]:
+    """A round's Broadcast as the (settings, arrays) of a Flower message: the arrays the
+    round's ``layout`` (its algorithm's) names, θ̄ first, by their wire names, on the CPU."""
     config = encode_round(cfg, message.round, num_total, message.round_seed)
     if message.anchor_round is not None:
         config["anchor-round"] = int(message.anchor_round)
     if message.client_ids is not None:  # partial participation: the round's drawn clients
         config["round-clients"] = [int(c) for c in message.client_ids.tolist()]
-    down = layout(cfg, message.round).down
+    down = layout.down
     # The wire carries CPU arrays, whatever device the server computes on.
     arrays = {
         k: getattr(message, f).detach().cpu()

@@ -9,6 +9,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from _data import write_image_clients
 from _grids import InProcessGrid
 from fedhmc_clients.app import make_client_app
 from fedhmc_clients.compute import COLOCATED_KEY
@@ -48,17 +49,7 @@ def user_files(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     sys.modules.pop("usernets", None)
-    g = np.random.default_rng(0)
-    y = g.integers(0, 3, 120)
-    x = g.normal(size=(120, 1, 8, 8)).astype(np.float32) + y[:, None, None, None]
-    np.savez(
-        tmp_path / "data.npz",
-        x_train=x[:90],
-        y_train=y[:90],
-        x_test=x[90:],
-        y_test=y[90:],
-        client_train=np.arange(90) % 4,
-    )
+    write_image_clients(tmp_path / "data.npz", 4)
     return tmp_path
 
 

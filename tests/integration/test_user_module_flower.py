@@ -8,8 +8,8 @@ import os
 import subprocess
 import sys
 
-import numpy as np
 import pytest
+from _data import write_image_clients
 from _grids import InProcessGrid
 from fedhmc_clients.app import make_client_app
 from fedhmc_server.loop import serve
@@ -54,17 +54,7 @@ def user_files(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.chdir(tmp_path)
     sys.modules.pop("failnets", None)
-    g = np.random.default_rng(0)
-    y = g.integers(0, 3, 120)
-    x = g.normal(size=(120, 1, 8, 8)).astype(np.float32) + y[:, None, None, None]
-    np.savez(
-        tmp_path / "data.npz",
-        x_train=x[:90],
-        y_train=y[:90],
-        x_test=x[90:],
-        y_test=y[90:],
-        client_train=np.arange(90) % 3,
-    )
+    write_image_clients(tmp_path / "data.npz", 3)
     return tmp_path
 
 

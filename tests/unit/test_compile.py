@@ -157,3 +157,12 @@ def test_the_server_decides_for_its_clients():
     assert message["compile"] is True
     client = _cfg(rounds=3, compile=False).resolve()
     assert wire.apply_data(client, message).compile is True
+
+
+def test_a_run_recorded_before_the_option_compares_as_uncompiled():
+    from fedhmc.runtime.config import recorded_settings
+
+    now = _cfg(rounds=3, compile=False).resolve().to_dict()
+    before = {k: v for k, v in now.items() if k != "compile"}
+    assert recorded_settings(before) == recorded_settings(now)
+    assert recorded_settings(before) != recorded_settings({**now, "compile": True})

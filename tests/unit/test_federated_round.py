@@ -65,7 +65,7 @@ def test_the_wire_and_the_byte_count_read_the_layout(name, case):
     cfg = _cfg(name, **kw)
     for message, update, settings, module in _messages(cfg, 4):
         layout = module.layout(settings, message.round)
-        _, arrays = wire.encode_message(cfg, message, 100)
+        _, arrays = wire.encode_message(cfg, message, 100, layout)
         sent = {wire.ARRAYS[k] for k in arrays}
         assert sent == set(layout.down), (message.round, sent, layout.down)
         for f in layout.down:  # every array the layout names is sent, and is (S, D)
