@@ -278,6 +278,7 @@ def local_iterations(
     momentum: torch.Tensor | None = None,
     origin: torch.Tensor | None = None,
     reshuffle_keys: torch.Tensor | None = None,
+    first_minibatch: torch.Tensor | None = None,
 ) -> ClientUpdate:
     """Run one round of local FA-HMC on every (chain, client) at once.
 
@@ -306,6 +307,10 @@ def local_iterations(
     reshuffle_keys
         ``data_keys`` of the clients, when the target draws random-reshuffling
         minibatches.
+    first_minibatch
+        With random reshuffling: the run's minibatch number of the round's first
+        evaluation as a 0-d int64 tensor on the device (a CUDA graph's input, so that a
+        replay draws the next round's minibatches); default ``settings.evals_before(round_)``.
 
     Returns
     -------
@@ -319,7 +324,8 @@ def local_iterations(
     if getattr(target, "minibatch", "uniform") == "reshuffle":
         if reshuffle_keys is None:
             raise ValueError("a random-reshuffling target needs reshuffle_keys (data_keys)")
-        keys_batch, offset, plan = reshuffle_keys, settings.evals_before(round_), False
+        offset = settings.evals_before(round_) if first_minibatch is None else first_minibatch
+        keys_batch, plan = reshuffle_keys, False
     else:
         keys_batch, offset, plan = rng.derive(private_keys, rng.STREAM_MINIBATCH), 0, True
     sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
@@ -349,9 +355,11 @@ def local_iterations(
                 f"round {round_} starts in the middle of a trajectory: pass the momentum"
             )
         base = seg.first_eval
+        seg_evals = 2 * seg.steps if fresh else seg.steps + 1
         if plan:
-            seg_evals = 2 * seg.steps if fresh else seg.steps + 1
             target.prefetch(keys_batch, base, seg_evals, horizon=total - base)
+        elif reshuffle_keys is not None:  # the permutations of the passes the stretch visits
+            target.reshuffle_window(keys_batch, offset + base, seg_evals)
         dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
 
         def grad_fn(th: torch.Tensor, k: int, base=base, steps=seg.steps, dh=dh) -> torch.Tensor:
@@ -641,9 +649,14 @@ def client_update(
     reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
     momentum = None if message.momentum is None else message.momentum.unsqueeze(1)
     origin = None if message.origin is None else message.origin.unsqueeze(1)
+    graphs = getattr(target, "graphs", None)
     reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
+    first_minibatch = None
+    if reshuffle and graphs is not None:  # the round's place on the minibatch counter: an input
+        first = settings.evals_before(message.round)
+        first_minibatch = torch.tensor(first, dtype=torch.int64, device=theta_bar.device)
 
-    def round_fn(theta_bar, shared, private, correction, momentum, origin):
+    def round_fn(theta_bar, shared, private, correction, momentum, origin, keys, first):
         u = local_iterations(
             target,
             theta_bar.unsqueeze(1).expand(S, M, D),
@@ -654,19 +667,20 @@ def client_update(
             round_=message.round,
             momentum=momentum,
             origin=origin,
-            reshuffle_keys=reshuffle_keys,
+            reshuffle_keys=keys,
+            first_minibatch=first,
         )
         return u.position, u.energy, u.energy_error, u.momentum
 
-    inputs = (theta_bar, shared, private, correction, momentum, origin)
-    graphs = getattr(target, "graphs", None)
-    if graphs is not None and not reshuffle:
+    inputs = (theta_bar, shared, private, correction, momentum, origin, reshuffle_keys)
+    inputs += (first_minibatch,)
+    if graphs is not None:
         # Every round of a kind runs the same kernels on new inputs: replayed from a CUDA
         # graph (fedhmc.core.graphs). Its number and the closure's other values are the
         # same in every round of the kind the key names: under sync_unit="leapfrog" the
         # kind includes the round's stretches (where trajectories start and end in it),
-        # which repeat with a period of lcm(T, K) / T rounds. (Random-reshuffling
-        # minibatches count across the run: their rounds run eagerly.)
+        # which repeat with a period of lcm(T, K) / T rounds. Random-reshuffling
+        # minibatches count across the run: the round's first minibatch number is an input.
         kind = tuple(settings.segments(message.round)) if settings.leapfrog_sync else None
         nones = tuple(x is None for x in inputs)
         key = (target, settings, S, M, D, theta_bar.dtype, nones, kind)

@@ -84,6 +84,7 @@ class DataTarget:
         self.prior_std = float(prior_std)
         self.dtype, self.device = dtype, torch.device(device)
         counts = [int(y.shape[0]) for _, y in parts]
+        self._counts_host = counts
         if min(counts) < 1:
             raise ValueError("every client needs at least one example")
         self.counts = torch.tensor(counts, dtype=torch.int64, device=self.device)
@@ -166,7 +167,12 @@ class DataTarget:
             self._batch_sw = self._batch_mask * self._batch_scale.unsqueeze(1)
         # Minibatch buffers, reused across evaluations (keyed by chains and batch size).
         self._buffers: dict = {}
-        self._perm = None  # random reshuffling: (keys, passes (S, N), permutations)
+        # Random reshuffling: (keys, first pass (N,), permutations (S, N, m, n_max), the
+        # minibatch numbers [a, b) they cover when known on the host, else None).
+        self._window = None
+        if not full:
+            self._per_pass = (self.counts + b_c - 1) // b_c  # P_c, minibatches per pass
+            self._per_pass_host = [-(-n // min(n, self.batch_size)) for n in self._counts_host]
 
     def with_batch_size(self, batch_size: int) -> DataTarget:
         """The same target (sharing its data tensors) with another minibatch size."""
@@ -250,33 +256,74 @@ class DataTarget:
         """Evaluation ``index``'s minibatch as each client's own row numbers, (S, N, B)."""
         return self._flat_indices(keys, index) - self._row_offsets
 
+    def reshuffle_window(self, keys: torch.Tensor, first: int | torch.Tensor, count: int) -> None:
+        """Random reshuffling: draw the permutations that minibatches ``first … first+count−1``
+        of every (chain, client) come from, for the
+        [`reshuffle_indices`][fedhmc.models.targets.DataTarget.reshuffle_indices] calls that
+        follow (one argsort per pass instead of one per minibatch).
+
+        ``first`` is a Python int, or a 0-d int64 tensor on the target's device: then nothing
+        is read back to the host, so the draw can be captured in a CUDA graph and replayed
+        with the next round's counter; it draws the permutations of every pass that a window
+        of ``count`` minibatches can touch wherever it starts.
+        """
+        if self.full_batch:
+            raise ValueError("a full-batch target has no minibatches to reshuffle")
+        per_pass = self._per_pass_host
+        if isinstance(first, torch.Tensor):
+            p0 = first // self._per_pass  # (N,)
+            m = (count - 1) // min(per_pass) + 2
+        else:
+            firsts = [int(first) // P for P in per_pass]
+            m = max(
+                (int(first) + count - 1) // P - f + 1 for P, f in zip(per_pass, firsts, strict=True)
+            )
+            p0 = torch.tensor(firsts, dtype=torch.int64, device=self.device)
+        passes = p0.view(-1, 1) + torch.arange(m, device=self.device)  # (N, m)
+        u = rng.uniform(rng.derive(keys.unsqueeze(-1), passes), 0, self._n_max)
+        u.masked_fill_(~self._valid.unsqueeze(1), 2.0)  # (S, N, m, n_max)
+        window = None if isinstance(first, torch.Tensor) else (int(first), int(first) + count)
+        self._window = (keys, p0, torch.argsort(u, dim=-1), window)
+
     def reshuffle_indices(
-        self, keys: torch.Tensor, index: int
+        self, keys: torch.Tensor, index: int | torch.Tensor
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """Random reshuffling: the points of minibatch number ``index`` of every (chain,
         client), (S, N, B), and their weights n / (batch size) (0 on padding), (S, N, B).
 
         Client c cuts each pass into P_c = ⌈n_c / B_c⌉ batches; batch ``index`` is batch
         ``index mod P_c`` of pass ``index // P_c``, whose permutation is the argsort of
-        uniforms drawn under ``derive(key, pass)``.
+        uniforms drawn under ``derive(key, pass)``. ``index`` may be a 0-d int64 tensor on
+        the target's device, once ``reshuffle_window`` has drawn a window holding it.
         """
         if self.full_batch:
             raise ValueError("a full-batch target has no minibatches to reshuffle")
+        win = self._window
+        if isinstance(index, torch.Tensor):
+            if win is None or win[0] is not keys:
+                raise ValueError(
+                    "a minibatch number given as a tensor needs reshuffle_window first"
+                )
+        elif (
+            win is None
+            or win[0] is not keys
+            or win[3] is None
+            or not win[3][0] <= index < win[3][1]
+        ):
+            self.reshuffle_window(keys, index, 1)
+            win = self._window
         B = self._b_max
         b_c = torch.clamp(self.counts, max=B)  # (N,)
-        per_pass = (self.counts + b_c - 1) // b_c
-        passes = (index // per_pass).view(1, -1).expand(keys.shape)  # (S, N)
-        cached = self._perm
-        if cached is None or not torch.equal(cached[0], keys) or not torch.equal(cached[1], passes):
-            u = rng.uniform(rng.derive(keys, passes), 0, self._n_max)  # (S, N, n_max)
-            u.masked_fill_(~self._valid.unsqueeze(0), 2.0)
-            self._perm = cached = (keys.clone(), passes.clone(), torch.argsort(u, dim=-1))
-        j = index % per_pass  # (N,)
+        rel = index // self._per_pass - win[1]  # (N,): the pass within the window
+        j = index % self._per_pass  # (N,)
         start = j * b_c
         size = torch.minimum(b_c, self.counts - start)  # the last batch may be smaller
         slot = torch.arange(B, device=self.device)
         pos = (start.view(-1, 1) + slot).clamp_(max=self._n_max - 1)  # (N, B)
-        idx = cached[2].gather(-1, pos.unsqueeze(0).expand(keys.shape[0], -1, -1))
+        perms = win[2]  # (S, N, m, n_max)
+        S = perms.shape[0]
+        perm = perms.gather(2, rel.view(1, -1, 1, 1).expand(S, -1, 1, self._n_max)).squeeze(2)
+        idx = perm.gather(-1, pos.unsqueeze(0).expand(S, -1, -1))
         idx = torch.minimum(idx, self._last_row)  # unused slots (weight 0): the last row
         valid = slot < size.view(-1, 1)
         scale = (self.num_total / size.to(torch.float64)).to(self.dtype)

@@ -41,3 +41,25 @@ def test_speed_rows_on_the_cpu(tmp_path):
         {"device": "cpu", "device_name": "CPU", "speed": {"rows": [row], "notes": []}}
     )
     assert "LeNet-5 N=10 B=4" in text and "fedhmc / plain" in text
+
+
+def test_the_authors_run_reruns_the_results_page_cell():
+    """The report's authors' row reruns the committed CPU cell (2 rounds in a smoke run) and
+    compares its metrics with the cell's at that round: on the CPU they agree."""
+    from benchmarks import gpu
+    from benchmarks.common import fmnist_available, fmnist_missing
+
+    if not fmnist_available():
+        pytest.skip(fmnist_missing())
+    a = gpu.bench_authors(torch.device("cpu"), smoke=True)
+    assert a["rounds"] == 2 and not a["cuda_graphs"]
+    assert a["max_rel"] <= 1e-6  # the same chain, up to the threads' float32 sums
+    assert a["metrics"]["accuracy"] == a["cpu_metrics"]["accuracy"]
+    report = {"device": "cuda", "device_name": "H", "authors": {**a, "rounds": 200}}
+    rows = {measure: ok for measure, _, _, ok in gpu.targets(report)}
+    assert len(rows) == 2 and any("seconds" in m for m in rows)
+    assert "200 rounds (T = 50" in gpu.render(report)
+    far = {**a, "max_rel": 0.5}
+    assert not all(
+        ok for *_, ok in gpu.targets({"device": "cpu", "device_name": "C", "authors": far})
+    )

@@ -214,16 +214,55 @@ def test_debiased_rounds_replay_with_their_correction():
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_partial_participation_and_reshuffled_minibatches_run_eagerly():
+def test_partial_participation_runs_eagerly():
     cfg, problem, theta = _problem(num_clients=6, clients_per_round=3)
     graphs = RoundGraphs(capture=EagerReplay)
     _run(cfg, problem, theta, _settings(cfg, clients_per_round=3), graphs, 3)
     assert graphs.replays == 0  # a round's clients change: its target is a new subset
-    cfg, problem, theta = _problem(minibatch="reshuffle")
+
+
+@pytest.mark.parametrize(
+    "over, extra, rounds, replays",
+    [
+        # Algorithm 3's rounds with reshuffled minibatches of 120 (each client's pass: 3
+        # minibatches, so a round of 8 evaluations crosses passes): one kind of round.
+        ({}, {}, 5, 3),
+        # The authors' image protocol: leapfrog sync, fresh gradients (3 kinds of round).
+        ({}, {"sync_unit": "leapfrog", "fresh_gradients": True}, 12, 6),
+        # Clients of unequal sizes (27 to 336 points), some smaller than B (their minibatch
+        # is their whole data, a pass of one).
+        ({"partition": "quantity", "num_clients": 12}, {}, 5, 3),
+    ],
+    ids=["algorithm3", "authors", "ragged"],
+)
+def test_reshuffled_rounds_replay_with_the_minibatch_counter_as_input(over, extra, rounds, replays):
+    """Random-reshuffling minibatches count across the run: the round's first minibatch
+    number is an input of the graph, so a replay draws the next round's minibatches, and
+    the chain is the eager one."""
+    cfg, problem, theta = _problem(minibatch="reshuffle", batch_size=120, **over)
+    assert not problem.target.full_batch
+    settings = _settings(cfg, **extra)
+    eager = _run(cfg, problem, theta, settings, None, rounds)
     graphs = RoundGraphs(capture=EagerReplay)
-    settings = _settings(cfg, sync_unit="leapfrog", fresh_gradients=True)
-    _run(cfg, problem, theta, settings, graphs, 4)
-    assert graphs.replays == 0  # the minibatch counter runs across rounds
+    replayed = _run(cfg, problem, theta, settings, graphs, rounds)
+    assert graphs.off is None and graphs.replays == replays
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_reshuffle_window_holds_the_minibatches_drawn_one_by_one():
+    """The permutations drawn for a window, from a tensor counter, give minibatch for
+    minibatch what drawing each one alone gives, across passes."""
+    _, problem, _ = _problem(minibatch="reshuffle", batch_size=120, partition="quantity")
+    target = problem.target
+    keys = fahmc.data_keys(torch.tensor([11, 12, 13, 14]), torch.arange(2))
+    alone = [target.reshuffle_indices(keys, i) for i in range(17, 30)]
+    with device_path(), NoHostSync():
+        first = torch.zeros((), dtype=torch.int64) + 17
+        target.reshuffle_window(keys, first, 13)
+        window = [target.reshuffle_indices(keys, first + k) for k in range(13)]
+    for (i, w), (j, v) in zip(alone, window, strict=True):
+        assert torch.equal(i, j) and torch.equal(w, v)
 
 
 @pytest.mark.parametrize(
