@@ -351,11 +351,16 @@ class _Tied(nn.Module):
 def _reference(model, theta, X, y, sw):
     """What TorchModel computed before its binding was built once: ``torch.func.vmap`` of
     ``functional_call`` on θ's views made at every call (or a loop of it), one reverse pass;
-    and the log-probabilities of every row's θ on ``X`` flattened to one set of examples."""
+    and the log-probabilities of every row's θ on ``X`` flattened to one set of examples.
+    (Both with the linear layers' products laid out classes first, as TorchModel runs
+    them.)"""
     from torch.func import functional_call, vmap
 
+    from fedhmc.models.module import ClassesFirstLinear, _classes_axis
+
     def logits(row, x):
-        return functional_call(model.net, model.unflatten(row), (x,))
+        with ClassesFirstLinear():
+            return functional_call(model.net, model.unflatten(row), (x,))
 
     with torch.enable_grad():
         th = theta.detach().requires_grad_(True)
@@ -363,8 +368,9 @@ def _reference(model, theta, X, y, sw):
             out = vmap(logits)(th, X)
         else:
             out = torch.stack([logits(th[m], X[m]) for m in range(th.shape[0])])
-        logp = torch.log_softmax(out, dim=-1)
-        nll = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+        z, c = _classes_axis(out)  # the softmax's axis in memory, as TorchModel takes it
+        logp = torch.log_softmax(z, dim=c)
+        nll = -(logp.gather(c, y.unsqueeze(c)).squeeze(c) * sw).sum(-1)
         (g,) = torch.autograd.grad(nll.sum(), th)
     Xs = X.reshape(-1, *X.shape[2:])
     with torch.no_grad():
@@ -372,7 +378,9 @@ def _reference(model, theta, X, y, sw):
             out = vmap(logits, in_dims=(0, None))(theta, Xs)
         else:
             out = torch.stack([logits(t, Xs) for t in theta])
-    return g, nll.detach(), Xs, torch.log_softmax(out, dim=-1)
+        z, c = _classes_axis(out)  # the softmax's axis in memory, as TorchModel takes it
+        logp = torch.log_softmax(z, dim=c)
+    return g, nll.detach(), Xs, logp if c == -1 else logp.mT
 
 
 def _devices():
@@ -463,6 +471,103 @@ def test_a_failing_forward_leaves_the_module_as_it_was():
     model.net.fail = False  # and the batching level was left: the next call works
     g, _ = model.loss_grad(theta, X, y, torch.ones(2, 3, device="cpu"))
     assert g.shape == (2, model.dim)
+
+
+# ------------------------------------------------------------ linear layers, classes first
+
+
+def _as_written(model, theta, X, y, sw):
+    """The module's gradient and energy as written (no ClassesFirstLinear): functional_call,
+    vmap and autograd through the whole loss."""
+    from torch.func import functional_call, vmap
+
+    with torch.enable_grad():
+        th = theta.detach().requires_grad_(True)
+        out = vmap(lambda r, x: functional_call(model.net, model.unflatten(r), (x,)))(th, X)
+        logp = torch.log_softmax(out, dim=-1)
+        nll = -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum(-1)
+        (g,) = torch.autograd.grad(nll.sum(), th)
+    return g, nll.detach()
+
+
+def _rows(M, B, dim, seed=5):
+    gen = torch.Generator(device="cpu").manual_seed(seed)
+    theta = torch.randn(M, dim, generator=gen, dtype=torch.float64, device="cpu") * 0.3
+    X = torch.randn(M, B, F, generator=gen, dtype=torch.float64, device="cpu")
+    y = torch.randint(0, C, (M, B), generator=gen, device="cpu")
+    sw = torch.rand(M, B, generator=gen, dtype=torch.float64, device="cpu")
+    return theta, X, y, sw
+
+
+class _FlattensItsOutput(nn.Module):
+    """Valid as written, but ``.view(-1)`` of a linear layer's output needs it laid out
+    row-major; with ``late``, only on batches of more than 4 (the check's batch is 4)."""
+
+    def __init__(self, late: bool = False):
+        super().__init__()
+        self.fc = nn.Linear(F, C)
+        self.late = late
+
+    def forward(self, x):
+        h = self.fc(x)
+        if not self.late or x.shape[0] > 4:
+            return h.view(-1).view(x.shape[0], C)
+        return h
+
+
+@pytest.mark.parametrize(
+    "factory",
+    [lambda: nn.Linear(F, C), lambda: mlp_layout((16, 8)), LogisticLayout],
+    ids=["nn.Linear", "mlp", "x@W"],
+)
+@pytest.mark.parametrize("batching", ["vmap", "loop"])
+def test_linear_layers_run_classes_first_with_the_gradients_as_written(factory, batching):
+    """nn.Linear and a (B, F) @ (F, C) product run laid out classes first (the reverse pass's
+    products "short × long"), and give the module's gradients as written up to float
+    rounding."""
+    from fedhmc.models.module import ClassesFirstLinear
+
+    model = TorchModel(
+        factory, C, torch.randn(4, F, device="cpu"), batching=batching, dtype=torch.float64
+    )
+    assert model.classes_first
+    theta, X, y, sw = _rows(3, 20, model.dim)
+    g, v = model.loss_grad(theta, X, y, sw)
+    g_ref, v_ref = _as_written(model, theta, X, y, sw)
+    assert float((g - g_ref).abs().max()) <= 1e-12 * float(g_ref.abs().max())
+    assert torch.allclose(v, v_ref, rtol=1e-13, atol=0)
+    with ClassesFirstLinear():  # the mode itself: outputs first in memory
+        out = model.net(X[0])
+    assert out.shape == (20, C) and out.mT.is_contiguous() and not out.is_contiguous()
+
+
+def test_a_module_that_needs_its_layout_runs_as_written(capsys):
+    model = TorchModel(_FlattensItsOutput, C, torch.randn(4, F, device="cpu"), dtype=torch.float64)
+    assert not model.classes_first  # decided on the check's batch, once, without a word
+    assert capsys.readouterr().err == ""
+    theta, X, y, sw = _rows(3, 20, model.dim)
+    g, v = model.loss_grad(theta, X, y, sw)
+    g_ref, v_ref = _as_written(model, theta, X, y, sw)
+    assert torch.equal(g, g_ref) and torch.equal(v, v_ref)
+
+
+def test_a_layout_failure_in_the_run_falls_back_in_one_line(capsys):
+    model = TorchModel(
+        lambda: _FlattensItsOutput(late=True),
+        C,
+        torch.randn(4, F, device="cpu"),
+        dtype=torch.float64,
+    )
+    assert model.classes_first  # the check's batch of 4 does not flatten
+    theta, X, y, sw = _rows(3, 20, model.dim)
+    g, v = model.loss_grad(theta, X, y, sw)
+    assert not model.classes_first
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "runs its linear layers as written" in err[0]
+    g_ref, v_ref = _as_written(model, theta, X, y, sw)
+    assert torch.equal(g, g_ref) and torch.equal(v, v_ref)
+    g2, _ = model.loss_grad(theta, X, y, sw)  # and as written from then on, silently
+    assert torch.equal(g2, g_ref) and capsys.readouterr().err == ""
 
 
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
