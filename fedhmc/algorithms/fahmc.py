@@ -358,7 +358,8 @@ def local_iterations(
         seg_evals = 2 * seg.steps if fresh else seg.steps + 1
         if plan:
             target.prefetch(keys_batch, base, seg_evals, horizon=total - base)
-        elif reshuffle_keys is not None:  # the permutations of the passes the stretch visits
+        elif reshuffle_keys is not None and not target.full_batch:
+            # the permutations of the passes the stretch visits
             target.reshuffle_window(keys_batch, offset + base, seg_evals)
         dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
 
@@ -653,8 +654,8 @@ def client_update(
     reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
     first_minibatch = None
     if reshuffle and graphs is not None:  # the round's place on the minibatch counter: an input
-        first = settings.evals_before(message.round)
-        first_minibatch = torch.tensor(first, dtype=torch.int64, device=theta_bar.device)
+        first = settings.evals_before(message.round)  # (a fill, not a blocking copy)
+        first_minibatch = torch.full((), first, dtype=torch.int64, device=theta_bar.device)
 
     def round_fn(theta_bar, shared, private, correction, momentum, origin, keys, first):
         u = local_iterations(

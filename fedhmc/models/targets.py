@@ -265,25 +265,41 @@ class DataTarget:
         ``first`` is a Python int, or a 0-d int64 tensor on the target's device: then nothing
         is read back to the host, so the draw can be captured in a CUDA graph and replayed
         with the next round's counter; it draws the permutations of every pass that a window
-        of ``count`` minibatches can touch wherever it starts.
+        of ``count`` minibatches can reach wherever it starts. Where those would hold more
+        than [`PREFETCH_MAX_VALUES`][fedhmc.models.targets.PREFETCH_MAX_VALUES] values, each
+        minibatch draws its own pass's permutation instead (the same numbers).
         """
         if self.full_batch:
             raise ValueError("a full-batch target has no minibatches to reshuffle")
         per_pass = self._per_pass_host
         if isinstance(first, torch.Tensor):
-            p0 = first // self._per_pass  # (N,)
-            m = (count - 1) // min(per_pass) + 2
+            m = (count - 2) // min(per_pass) + 2  # the most passes `count` minibatches reach
+            window = None
         else:
-            firsts = [int(first) // P for P in per_pass]
-            m = max(
-                (int(first) + count - 1) // P - f + 1 for P, f in zip(per_pass, firsts, strict=True)
+            first = int(first)
+            m = max((first + count - 1) // P - first // P + 1 for P in per_pass)
+            window = (first, first + count)
+        if count > 1 and m * keys.numel() * self._n_max > PREFETCH_MAX_VALUES:
+            self._window = (keys, None, None, None)  # each minibatch draws its own pass
+            return
+        p0, perms = self._pass_permutations(keys, first, m)
+        self._window = (keys, p0, perms, window)
+
+    def _pass_permutations(
+        self, keys: torch.Tensor, index: int | torch.Tensor, m: int
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        """The pass p0 (N,) of minibatch ``index`` of every client and the permutations of its
+        passes p0 … p0 + m − 1, (S, N, m, n_max)."""
+        if isinstance(index, torch.Tensor):
+            p0 = index // self._per_pass  # (N,)
+        else:
+            p0 = torch.tensor(
+                [index // P for P in self._per_pass_host], dtype=torch.int64, device=self.device
             )
-            p0 = torch.tensor(firsts, dtype=torch.int64, device=self.device)
         passes = p0.view(-1, 1) + torch.arange(m, device=self.device)  # (N, m)
         u = rng.uniform(rng.derive(keys.unsqueeze(-1), passes), 0, self._n_max)
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)  # (S, N, m, n_max)
-        window = None if isinstance(first, torch.Tensor) else (int(first), int(first) + count)
-        self._window = (keys, p0, torch.argsort(u, dim=-1), window)
+        return p0, torch.argsort(u, dim=-1)
 
     def reshuffle_indices(
         self, keys: torch.Tensor, index: int | torch.Tensor
@@ -294,7 +310,8 @@ class DataTarget:
         Client c cuts each pass into P_c = ⌈n_c / B_c⌉ batches; batch ``index`` is batch
         ``index mod P_c`` of pass ``index // P_c``, whose permutation is the argsort of
         uniforms drawn under ``derive(key, pass)``. ``index`` may be a 0-d int64 tensor on
-        the target's device, once ``reshuffle_window`` has drawn a window holding it.
+        the target's device, once ``reshuffle_window`` has drawn a window holding it (which
+        is not checked: checking would read the index back to the host).
         """
         if self.full_batch:
             raise ValueError("a full-batch target has no minibatches to reshuffle")
@@ -312,16 +329,18 @@ class DataTarget:
         ):
             self.reshuffle_window(keys, index, 1)
             win = self._window
+        p0, perms = win[1:3]
+        if perms is None:  # a window too large to draw at once: this minibatch's pass alone
+            p0, perms = self._pass_permutations(keys, index, 1)
         B = self._b_max
         b_c = torch.clamp(self.counts, max=B)  # (N,)
-        rel = index // self._per_pass - win[1]  # (N,): the pass within the window
+        rel = index // self._per_pass - p0  # (N,): the pass within the window
         j = index % self._per_pass  # (N,)
         start = j * b_c
         size = torch.minimum(b_c, self.counts - start)  # the last batch may be smaller
         slot = torch.arange(B, device=self.device)
         pos = (start.view(-1, 1) + slot).clamp_(max=self._n_max - 1)  # (N, B)
-        perms = win[2]  # (S, N, m, n_max)
-        S = perms.shape[0]
+        S = perms.shape[0]  # perms: (S, N, m, n_max)
         perm = perms.gather(2, rel.view(1, -1, 1, 1).expand(S, -1, 1, self._n_max)).squeeze(2)
         idx = perm.gather(-1, pos.unsqueeze(0).expand(S, -1, -1))
         idx = torch.minimum(idx, self._last_row)  # unused slots (weight 0): the last row

@@ -26,9 +26,11 @@ from fedhmc.models import BATCHINGS
 
 COMPILE_MIN_EVALS = 200_000
 """``--compile``'s default: on for a network module on the CPU from this many client-gradient
-evaluations in the run (rounds × chains × clients × T × (K + 1)). Compiling takes 5–10 s in a
-new process and saves about 0.03 ms per evaluation of a small network (measured on 2 CPU
-cores), so a smaller run would spend longer compiling than it saves. A resumed run keeps
+evaluations in the run (rounds × chains × clients × T × (K + 1)). Compiling a network the
+first time takes 5–20 s (LeNet-5 on digits: about 18 s for its two shapes; inductor's disk
+cache brings a later process down to about 2 s) and saves about 0.03 ms per evaluation of a
+small network (measured on 2 CPU cores), so a smaller run would spend longer compiling than
+it saves. A resumed run keeps
 the choice recorded in its config.json."""
 
 BACKENDS = ("engine", "flower")
@@ -240,8 +242,8 @@ class RunConfig:
     )
     compile: bool | None = _f(
         None,
-        "compile a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) with "
-        "torch.compile when it is batched with vmap (default: on for a run on the CPU with "
+        "compile a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) with torch's "
+        "compiler (inductor) when it is batched with vmap (default: on for a run on the CPU with "
         f"{COMPILE_MIN_EVALS:,} or more client-gradient evaluations, else off; the choice is "
         "recorded in config.json: the compiled gradient rounds differently, so it is part of "
         "what a seed computes)",
@@ -393,8 +395,8 @@ class RunConfig:
     cuda_graphs: bool | None = _f(
         None,
         "capture each round's local iterations in a CUDA graph and replay it (default: on "
-        "with `--device cuda`; every client's rounds, except under partial participation "
-        "and reshuffled minibatches; the chain is the same either way)",
+        "with `--device cuda`; every client's rounds, except under partial participation; "
+        "the chain is the same either way)",
     )
     client_gpus: float | None = _f(
         None,

@@ -1,4 +1,4 @@
-"""``--compile``: a network module's gradient through ``torch.compile``.
+"""``--compile``: a network module's gradient compiled by inductor (``CompiledRows``).
 
 - The default is a fixed rule of the run's settings (a module, on the CPU, with enough
   gradient evaluations to repay the compilation), recorded in ``config.json``.
@@ -70,7 +70,9 @@ def test_a_module_that_cannot_compile_stays_eager_in_one_line(monkeypatch, capsy
     def fail(*args, **kwargs):
         raise RuntimeError("no C compiler found\nsecond line")
 
-    monkeypatch.setattr(torch, "compile", fail)
+    from torch._inductor import compile_fx
+
+    monkeypatch.setattr(compile_fx, "compile_fx", fail)  # what a machine without a compiler does
     model = TorchModel(_mlp, 3, torch.randn(2, 6), compile=True)
     assert not model.compiled
     err = capsys.readouterr().err.strip().splitlines()
@@ -166,3 +168,33 @@ def test_a_run_recorded_before_the_option_compares_as_uncompiled():
     before = {k: v for k, v in now.items() if k != "compile"}
     assert recorded_settings(before) == recorded_settings(now)
     assert recorded_settings(before) != recorded_settings({**now, "compile": True})
+
+
+def test_each_shape_compiles_once_and_gives_the_eager_numbers(monkeypatch):
+    """CompiledRows calls inductor's functions without Dynamo's guards: the key (shapes,
+    strides, dtypes, threads) must tell the shapes apart, and a shape past the limit runs
+    eagerly."""
+    import fedhmc.models.module as module
+
+    monkeypatch.setattr(module, "COMPILE_MAX_SHAPES", 3)  # the check's batch, then 2 more
+    gen = torch.Generator().manual_seed(1)
+    dtype = torch.float64
+    eager = TorchModel(_mlp, 3, torch.randn(2, 6, generator=gen, dtype=dtype), dtype=dtype)
+    model = TorchModel(
+        _mlp, 3, torch.randn(2, 6, generator=gen, dtype=dtype), dtype=dtype, compile=True
+    )
+    rows = model._compiled()
+    built = []
+    original = rows._compile
+    monkeypatch.setattr(rows, "_compile", lambda inputs: built.append(1) or original(inputs))
+    for M, B in [(3, 5), (2, 9), (3, 5), (2, 9), (4, 4), (4, 4)]:
+        X = torch.randn(M, B, 6, generator=gen, dtype=dtype)
+        y = torch.randint(0, 3, (M, B), generator=gen)
+        sw = torch.rand(M, B, generator=gen, dtype=dtype)
+        theta = torch.randn(M, eager.dim, generator=gen, dtype=dtype)
+        g0, v0 = eager.loss_grad(theta, X, y, sw)
+        g1, v1 = model.loss_grad(theta, X, y, sw)
+        torch.testing.assert_close(g1, g0, rtol=1e-12, atol=1e-12)
+        torch.testing.assert_close(v1, v0, rtol=1e-12, atol=1e-12)
+    assert len(built) == 2  # (3, 5) and (2, 9); (4, 4) is a fourth shape: eager
+    assert model.compiled

@@ -250,9 +250,15 @@ def test_reshuffled_rounds_replay_with_the_minibatch_counter_as_input(over, extr
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_a_reshuffle_window_holds_the_minibatches_drawn_one_by_one():
+@pytest.mark.parametrize("budget", [None, 1000], ids=["window", "too-large"])
+def test_a_reshuffle_window_holds_the_minibatches_drawn_one_by_one(budget, monkeypatch):
     """The permutations drawn for a window, from a tensor counter, give minibatch for
-    minibatch what drawing each one alone gives, across passes."""
+    minibatch what drawing each one alone gives, across passes; so does a window too large
+    to draw at once, whose minibatches draw their own passes."""
+    from fedhmc.models import targets
+
+    if budget is not None:
+        monkeypatch.setattr(targets, "PREFETCH_MAX_VALUES", budget)
     _, problem, _ = _problem(minibatch="reshuffle", batch_size=120, partition="quantity")
     target = problem.target
     keys = fahmc.data_keys(torch.tensor([11, 12, 13, 14]), torch.arange(2))
@@ -263,6 +269,21 @@ def test_a_reshuffle_window_holds_the_minibatches_drawn_one_by_one():
         window = [target.reshuffle_indices(keys, first + k) for k in range(13)]
     for (i, w), (j, v) in zip(alone, window, strict=True):
         assert torch.equal(i, j) and torch.equal(w, v)
+    assert (target._window[2] is None) == (budget is not None)
+
+
+def test_full_batch_reshuffled_rounds_replay():
+    """A client whose data fits one minibatch (here every client: B = 0) has nothing to
+    reshuffle: the rounds run, and replay, on the full batch."""
+    cfg, problem, theta = _problem(minibatch="reshuffle", batch_size=0)
+    assert problem.target.full_batch
+    settings = _settings(cfg, sync_unit="leapfrog", fresh_gradients=True)
+    eager = _run(cfg, problem, theta, settings, None, 9)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = _run(cfg, problem, theta, settings, graphs, 9)
+    assert graphs.off is None and graphs.replays == 3  # 3 kinds: rounds 7–9 are replays
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
 @pytest.mark.parametrize(
