@@ -198,3 +198,33 @@ def test_each_shape_compiles_once_and_gives_the_eager_numbers(monkeypatch):
         torch.testing.assert_close(v1, v0, rtol=1e-12, atol=1e-12)
     assert len(built) == 2  # (3, 5) and (2, 9); (4, 4) is a fourth shape: eager
     assert model.compiled
+
+
+def _digits_mlp():
+    return nn.Sequential(nn.Linear(64, 16), nn.Tanh(), nn.Linear(16, 10))
+
+
+def test_a_compiled_run_follows_the_eager_chain(tmp_path):
+    """A whole run through the compiled gradient (its minibatches gathered ahead, as views at
+    changing offsets of one tensor) stays on the eager chain up to float rounding: in
+    float64, 1e-9 relative after 3 rounds (measured: 1e-16)."""
+    from fedhmc.runtime.engine import run
+
+    base = dict(
+        dataset="digits",
+        model=_digits_mlp,
+        rounds=3,
+        chains=2,
+        num_clients=3,
+        local_steps=2,
+        leapfrog_steps=3,
+        batch_size=16,
+        dtype="float64",
+        step_size=0.01,
+        init="zeros",
+    )
+    eager = run(RunConfig(**base, compile=False, out=str(tmp_path / "e")), progress=False)
+    comp = run(RunConfig(**base, compile=True, out=str(tmp_path / "c")), progress=False)
+    assert comp.summary["model_compiled"] is True
+    a, b = comp.theta_bar, eager.theta_bar
+    assert float((a - b).norm() / b.norm()) < 1e-9
