@@ -860,19 +860,10 @@ class TorchModel:
         """Features as they are: the module sees the data's own shape."""
         return X
 
-    def _rows_logits(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
-        """The logits (M, B, C) of every row: θ (M, D) on X (M, B, *features)."""
-        parts = self._parts(theta)
-        if self.batching == "vmap":
-            return self._vmap(parts, X, shared=False)
-        rows = self._rows(parts)
-        return torch.stack([self._forward(*r, x) for r, x in zip(rows, X.unbind(0), strict=True)])
-
     @staticmethod
     def _rows(parts: list[torch.Tensor]) -> list[tuple[torch.Tensor, ...]]:
-        """θ's parts (M, *shape) as M rows of parts, for the loop: ``unbind``, whose reverse
-        pass is one stack per parameter, rather than θ[m] (a zeroed θ-sized gradient per
-        row, summed over the rows)."""
+        """θ's parts (M, *shape) as M rows of parts (``unbind``), for the loop's
+        predictions."""
         return list(zip(*(p.unbind(0) for p in parts), strict=True))
 
     def loss_grad(
@@ -886,11 +877,15 @@ class TorchModel:
         """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of each row m and its gradient.
 
         theta (M, D), X (M, B, *features), y (M, B), sw (M, B); returns (M, D) and (M,).
-        One forward pass of every row (``vmap`` of the bound module, or a loop), then
+        Under ``vmap``, one forward pass of every row (``vmap`` of the bound module), then
         one reverse pass: the rows are independent, so the gradient of their sum with
         respect to θ (M, D) is every row's own gradient (a vector-Jacobian product with
         ones). Measured faster than ``vmap(grad)`` at small batches, where per-call
-        overhead dominates.
+        overhead dominates. Under ``loop``, a forward and a reverse pass of each row in
+        turn, as a loop over per-client modules would run them: one row's activations at a
+        time (``python -m benchmarks --only models``: LeNet-5 at 1,000 images per row,
+        0.77–0.83 of such a loop's speed with every row's forward pass first, 0.99–1.00
+        this way).
 
         Autograd records only the module: the loss's gradient with respect to the logits
         is computed here by the kernels autograd's reverse pass of ``log_softmax`` and
@@ -908,21 +903,34 @@ class TorchModel:
                     raise
                 self._uncompiled(e)  # torch.compile failed on these shapes: eager from now on
         try:
-            with torch.enable_grad():
-                th = theta.detach().requires_grad_(True)
-                logits = self._rows_logits(th, X)
-            with torch.no_grad():
-                z, c = _classes_axis(logits)
-                logp = F.log_softmax(z, dim=c)
-                yy = y.unsqueeze(c)
-                nll = -(logp.gather(c, yy).squeeze(c) * sw).sum(-1) if need_value else None
-                g_logp = torch.zeros_like(logp).scatter_add_(c, yy, sw.neg().unsqueeze(c))
-                g_logits = torch._log_softmax_backward_data(g_logp, logp, c, logp.dtype)
-            (g,) = torch.autograd.grad(logits, th, g_logits if c == -1 else g_logits.mT)
+            if self.batching == "loop":  # row by row, each with its own reverse pass
+                rows = zip(theta, X, y, sw, strict=True)
+                out = [self._grad(t, x, yr, w, need_value) for t, x, yr, w in rows]
+                g = torch.stack([o[0] for o in out])
+                return g, torch.stack([o[1] for o in out]) if need_value else None
+            return self._grad(theta, X, y, sw, need_value)
         except Exception as e:
             if _passes_through(e):
                 raise
             raise self._user_error(e, "forward or backward pass") from e
+
+    def _grad(self, theta, X, y, sw, need_value):
+        """`loss_grad` of rows θ (M, D) batched with vmap on X (M, B, …), or of one row θ
+        (D,) on its X (B, …): one forward pass, then one reverse pass."""
+        with torch.enable_grad():
+            th = theta.detach().requires_grad_(True)
+            if th.dim() == 1:
+                logits = self._forward(*self._parts(th), X)
+            else:
+                logits = self._vmap(self._parts(th), X, shared=False)
+        with torch.no_grad():
+            z, c = _classes_axis(logits)
+            logp = F.log_softmax(z, dim=c)
+            yy = y.unsqueeze(c)
+            nll = -(logp.gather(c, yy).squeeze(c) * sw).sum(-1) if need_value else None
+            g_logp = torch.zeros_like(logp).scatter_add_(c, yy, sw.neg().unsqueeze(c))
+            g_logits = torch._log_softmax_backward_data(g_logp, logp, c, logp.dtype)
+        (g,) = torch.autograd.grad(logits, th, g_logits if c == -1 else g_logits.mT)
         return g, nll
 
     def _user_error(self, exc: BaseException, where: str) -> ModelError:

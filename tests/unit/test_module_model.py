@@ -350,10 +350,10 @@ class _Tied(nn.Module):
 
 def _reference(model, theta, X, y, sw):
     """What TorchModel computed before its binding was built once: ``torch.func.vmap`` of
-    ``functional_call`` on θ's views made at every call (or a loop of it), one reverse pass;
-    and the log-probabilities of every row's θ on ``X`` flattened to one set of examples.
-    (Both with the linear layers' products laid out classes first, as TorchModel runs
-    them.)"""
+    ``functional_call`` on θ's views made at every call and one reverse pass (or, for the
+    loop, a forward and a reverse pass of each row); and the log-probabilities of every
+    row's θ on ``X`` flattened to one set of examples. (Both with the linear layers'
+    products laid out classes first, as TorchModel runs them.)"""
     from torch.func import functional_call, vmap
 
     from fedhmc.models.module import ClassesFirstLinear, _classes_axis
@@ -362,16 +362,21 @@ def _reference(model, theta, X, y, sw):
         with ClassesFirstLinear():
             return functional_call(model.net, model.unflatten(row), (x,))
 
-    with torch.enable_grad():
-        th = theta.detach().requires_grad_(True)
-        if model.batching == "vmap":
-            out = vmap(logits)(th, X)
-        else:
-            out = torch.stack([logits(th[m], X[m]) for m in range(th.shape[0])])
-        z, c = _classes_axis(out)  # the softmax's axis in memory, as TorchModel takes it
-        logp = torch.log_softmax(z, dim=c)
-        nll = -(logp.gather(c, y.unsqueeze(c)).squeeze(c) * sw).sum(-1)
-        (g,) = torch.autograd.grad(nll.sum(), th)
+    def loss_grad(theta, X, y, sw, forward):
+        with torch.enable_grad():
+            th = theta.detach().requires_grad_(True)
+            out = forward(th, X)
+            z, c = _classes_axis(out)  # the softmax's axis in memory, as TorchModel takes it
+            logp = torch.log_softmax(z, dim=c)
+            nll = -(logp.gather(c, y.unsqueeze(c)).squeeze(c) * sw).sum(-1)
+            (g,) = torch.autograd.grad(nll.sum(), th)
+        return g, nll.detach()
+
+    if model.batching == "vmap":
+        g, nll = loss_grad(theta, X, y, sw, vmap(logits))
+    else:
+        rows = [loss_grad(*r, logits) for r in zip(theta, X, y, sw, strict=True)]
+        g, nll = torch.stack([r[0] for r in rows]), torch.stack([r[1] for r in rows])
     Xs = X.reshape(-1, *X.shape[2:])
     with torch.no_grad():
         if model.batching == "vmap":
