@@ -673,8 +673,16 @@ def client_update(
         )
         return u.position, u.energy, u.energy_error, u.momentum
 
-    inputs = (theta_bar, shared, private, correction, momentum, origin, reshuffle_keys)
-    inputs += (first_minibatch,)
+    inputs = (
+        theta_bar,
+        shared,
+        private,
+        correction,
+        momentum,
+        origin,
+        reshuffle_keys,
+        first_minibatch,
+    )
     if graphs is not None:
         # Every round of a kind runs the same kernels on new inputs: replayed from a CUDA
         # graph (fedhmc.core.graphs). Its number and the closure's other values are the

@@ -606,10 +606,7 @@ class TorchModel:
             )
         alone_t = torch.cat(alone)
         same = (alone_t == batched) | (alone_t.isnan() & batched.isnan())  # inf and NaN too
-        finite = batched[batched.isfinite()]
-        scale = float(finite.abs().max()) if finite.numel() else 0.0
-        loose = self.device.type != "cpu" and batched.dtype != torch.float64
-        tol = (BATCH_RTOL_ACCELERATOR if loose else BATCH_RTOL) * max(scale, 1.0)
+        tol = self._rounding(batched)
         gap = float((alone_t - batched).abs()[~same].max()) if not bool(same.all()) else 0.0
         if not gap <= tol:  # a NaN or infinite one alone, too
             raise ConfigError(
@@ -629,11 +626,16 @@ class TorchModel:
             return False
         if not isinstance(got, torch.Tensor) or got.shape != out.shape:
             return False
+        return bool(torch.allclose(got, out, rtol=0.0, atol=self._rounding(out), equal_nan=True))
+
+    def _rounding(self, out: torch.Tensor) -> float:
+        """How far two computations of the outputs ``out`` may differ by float rounding:
+        ``BATCH_RTOL`` (``BATCH_RTOL_ACCELERATOR`` in float32 off the CPU) of the largest
+        finite output, or of 1."""
         finite = out[out.isfinite()]
         scale = float(finite.abs().max()) if finite.numel() else 0.0
         loose = self.device.type != "cpu" and out.dtype != torch.float64
-        tol = (BATCH_RTOL_ACCELERATOR if loose else BATCH_RTOL) * max(scale, 1.0)
-        return bool(torch.allclose(got, out, rtol=0.0, atol=tol, equal_nan=True))
+        return (BATCH_RTOL_ACCELERATOR if loose else BATCH_RTOL) * max(scale, 1.0)
 
     def __getstate__(self) -> dict:
         """For pickling and ``copy``: without the vmapped and compiled closures (rebuilt on

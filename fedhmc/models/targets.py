@@ -171,6 +171,7 @@ class DataTarget:
         # minibatch numbers [a, b) they cover when known on the host, else None).
         self._window = None
         if not full:
+            self._b_c, self._slot = b_c, torch.arange(self.batch_size, device=self.device)
             self._per_pass = (self.counts + b_c - 1) // b_c  # P_c, minibatches per pass
             self._per_pass_host = [-(-n // min(n, self.batch_size)) for n in self._counts_host]
 
@@ -290,12 +291,7 @@ class DataTarget:
     ) -> tuple[torch.Tensor, torch.Tensor]:
         """The pass p0 (N,) of minibatch ``index`` of every client and the permutations of its
         passes p0 … p0 + m − 1, (S, N, m, n_max)."""
-        if isinstance(index, torch.Tensor):
-            p0 = index // self._per_pass  # (N,)
-        else:
-            p0 = torch.tensor(
-                [index // P for P in self._per_pass_host], dtype=torch.int64, device=self.device
-            )
+        p0 = index // self._per_pass  # (N,), whether index is an int or a 0-d tensor
         passes = p0.view(-1, 1) + torch.arange(m, device=self.device)  # (N, m)
         u = rng.uniform(rng.derive(keys.unsqueeze(-1), passes), 0, self._n_max)
         u.masked_fill_(~self._valid.unsqueeze(1), 2.0)  # (S, N, m, n_max)
@@ -332,13 +328,10 @@ class DataTarget:
         p0, perms = win[1:3]
         if perms is None:  # a window too large to draw at once: this minibatch's pass alone
             p0, perms = self._pass_permutations(keys, index, 1)
-        B = self._b_max
-        b_c = torch.clamp(self.counts, max=B)  # (N,)
+        b_c, slot = self._b_c, self._slot  # (N,), (B,)
         rel = index // self._per_pass - p0  # (N,): the pass within the window
-        j = index % self._per_pass  # (N,)
-        start = j * b_c
+        start = (index % self._per_pass) * b_c
         size = torch.minimum(b_c, self.counts - start)  # the last batch may be smaller
-        slot = torch.arange(B, device=self.device)
         pos = (start.view(-1, 1) + slot).clamp_(max=self._n_max - 1)  # (N, B)
         S = perms.shape[0]  # perms: (S, N, m, n_max)
         perm = perms.gather(2, rel.view(1, -1, 1, 1).expand(S, -1, 1, self._n_max)).squeeze(2)
