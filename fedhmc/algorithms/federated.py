@@ -118,12 +118,17 @@ def client_seeds(seed: int, clients, device=None) -> torch.Tensor:
 
 def round_clients(seed: int, message, target):
     """(target, private seeds) of the clients that compute ``message``'s round of run
-    ``seed``: all of ``target``'s, or under partial participation only the drawn ones
-    (``target.subset``), so that idle clients compute and hold nothing."""
+    ``seed``: all of ``target``'s, or under partial participation only the drawn ones, so
+    that idle clients compute nothing: ``target.round_view(ids)`` where the target has one
+    (the built-in targets: one view per number of drawn clients, refilled in place, so
+    that a CUDA graph replays its rounds), else ``target.subset(ids)``."""
     device = message.position.device
-    if message.client_ids is None:
+    ids = message.client_ids
+    if ids is None:
         return target, client_seeds(seed, target.num_clients, device)
-    return target.subset(message.client_ids), client_seeds(seed, message.client_ids, device)
+    view = getattr(target, "round_view", None)
+    computing = view(ids) if view is not None else target.subset(ids)
+    return computing, client_seeds(seed, ids, device)
 
 
 def finish(algorithm: ModuleType, state, settings, message, update, weights, replied=None):

@@ -13,7 +13,9 @@ eagerly (the warm-up: caches and lazy initialisation happen outside capture). Th
 runs eagerly too, and is also captured and replayed on the same inputs: the replay must
 equal the eager result bit for bit, or the graphs are turned off for the run with a
 one-line note (so a capture can never change a chain). From the third call on, the inputs
-are copied into the graph's static tensors and the graph is replayed.
+are copied into the graph's static tensors and the graph is replayed. At most
+``MAX_KINDS`` kinds are kept (each graph holds its own memory); calls of further kinds
+run eagerly.
 """
 
 from __future__ import annotations
@@ -25,6 +27,9 @@ import torch
 
 Inputs = tuple[torch.Tensor | None, ...]
 Outputs = tuple[torch.Tensor | None, ...]
+
+MAX_KINDS = 16
+"""At most this many kinds of call are captured in a run (the first ones met)."""
 
 
 class CudaGraph:
@@ -85,6 +90,8 @@ class RoundGraphs:
         if self.off is not None:
             return fn(*inputs)
         if key not in self._graphs:
+            if len(self._graphs) >= MAX_KINDS:
+                return fn(*inputs)
             self._graphs[key] = None  # warmed up: captured at the next call
             return fn(*inputs)
         graph = self._graphs[key]

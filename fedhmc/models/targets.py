@@ -167,6 +167,7 @@ class DataTarget:
             self._batch_sw = self._batch_mask * self._batch_scale.unsqueeze(1)
         # Minibatch buffers, reused across evaluations (keyed by chains and batch size).
         self._buffers: dict = {}
+        self._views: dict = {}  # round_view's, by (drawn clients, width)
         # Random reshuffling: (keys, first pass (N,), permutations (S, N, m, n_max), the
         # minibatch numbers [a, b) they cover when known on the host, else None).
         self._window = None
@@ -189,7 +190,9 @@ class DataTarget:
 
     def subset(self, clients) -> DataTarget:
         """The same target restricted to ``clients`` (ids, in the order given; keeps the
-        global n): what the drawn clients of a round compute, and nothing for the others."""
+        global n): a target of its own, holding only those clients' data (a Flower
+        client's). The rounds of partial participation use
+        [`round_view`][fedhmc.models.targets.DataTarget.round_view]."""
         return DataTarget(
             self.model,
             [self._parts[c] for c in _ids(clients)],
@@ -200,6 +203,33 @@ class DataTarget:
             device=self.device,
             minibatch=self.minibatch,
         )
+
+    def round_view(self, clients) -> DataTarget:
+        """The clients ``clients`` of a round (M distinct ids), computing on this target's
+        data: what the drawn clients of a round compute under partial participation, and
+        nothing for the others.
+
+        The view's shapes are M and a width W: the largest drawn client's n_c rounded up to
+        a power of two (at least B, at most n_max), the padding of its minibatch draws and
+        full batches. Every round with the same (M, W) gets the same view, whose per-client
+        tensors (sizes, row offsets, minibatch weights, …) are refilled from ``clients`` in
+        place, on the device: its rounds run the same kernels on the same tensors, and a
+        CUDA graph captures them like full participation's rounds. A client draws the same
+        minibatch (the same points) in every view, whichever clients are drawn with it.
+        """
+        host = _ids(clients)
+        ids = torch.as_tensor(clients, dtype=torch.int64, device=self.device)
+        largest = max(self._counts_host[c] for c in host)
+        width = 1 << max(largest - 1, 0).bit_length()  # the power of two ≥ largest
+        if not self.full_batch:
+            width = max(width, self.batch_size)
+        width = min(width, self._n_max)
+        key = (len(host), width)
+        view = self._views.get(key)
+        if view is None:
+            view = self._views[key] = _DataView(self, len(host), width)
+        view.gather(ids)
+        return view
 
     def prefetch(
         self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
@@ -476,6 +506,18 @@ class GaussianTarget:
         t.weights = self.weights[idx]
         return t
 
+    def round_view(self, clients) -> GaussianTarget:
+        """The clients ``clients`` of a round (M distinct ids), with their global weights:
+        one view per M, refilled in place (see `DataTarget.round_view`)."""
+        ids = torch.as_tensor(clients, dtype=torch.int64, device=self.device)
+        M = int(ids.shape[0])
+        views = self.__dict__.setdefault("_views", {})
+        view = views.get(M)
+        if view is None:
+            view = views[M] = _GaussianView(self, M)
+        view.gather(ids)
+        return view
+
     def prefetch(
         self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
     ) -> None:
@@ -510,6 +552,129 @@ def hetero_gaussian(
     means = [20.0] * first + [1.0] * (num_clients - first)
     variances = [1.0] * first + [2.0] * (num_clients - first)
     return GaussianTarget(means, variances, dim, dtype=dtype, device=device)
+
+
+class _Gathered:
+    """A round's drawn clients of a parent target: the parent's per-client tensors
+    ``_PER_CLIENT`` (name → the clients' axis) gathered into tensors of M clients that
+    `gather` refills in place, everything else shared with the parent (its data, model,
+    shapes; ``graphs`` read from it)."""
+
+    _PER_CLIENT: dict[str, int] = {}
+    _WIDE: tuple[str, ...] = ()
+    """Per-client tensors whose last axis (the rows, n_max) the view cuts to its width."""
+    _width: int | None = None
+
+    def _setup(self, parent, size: int) -> None:
+        state = {k: v for k, v in parent.__dict__.items() if k not in ("graphs", "_views")}
+        self.__dict__.update(state)
+        self._parent = parent
+        self.num_clients = size
+        self._per_client = []
+        for name, axis in self._PER_CLIENT.items():
+            source = self._source(name)
+            if isinstance(source, torch.Tensor):
+                shape = list(source.shape)
+                shape[axis] = size
+                setattr(self, name, source.new_empty(shape))
+                self._per_client.append((name, axis))
+
+    def _source(self, name: str):
+        source = getattr(self._parent, name, None)
+        if name in self._WIDE and isinstance(source, torch.Tensor):
+            return source[..., : self._width]
+        return source
+
+    @property
+    def graphs(self):
+        return self._parent.graphs
+
+    def gather(self, ids: torch.Tensor) -> None:
+        """Refill the per-client tensors with the clients ``ids`` (M,) of the parent."""
+        for name, axis in self._per_client:
+            torch.index_select(self._source(name), axis, ids, out=getattr(self, name))
+
+    def subset(self, clients):
+        raise ValueError("a round's view has no subsets: take them of the target it views")
+
+    def client(self, c: int):
+        return self.subset([c])
+
+    def round_view(self, clients):
+        raise ValueError("a round's view has no views: take them of the target it views")
+
+
+class _DataView(_Gathered, DataTarget):
+    """`DataTarget.round_view`'s view of M clients."""
+
+    _PER_CLIENT = {
+        "counts": 0,
+        "weights": 0,
+        "_valid": 0,
+        "_row_offsets": 1,
+        "_last_row": 1,
+        "_full_sw": 0,
+        "_b_c": 0,
+        "_per_pass": 0,
+        "_batch_scale": 0,
+        "_batch_mask": 0,
+        "_batch_sw": 0,
+    }
+    _WIDE = ("_valid", "_full_sw")
+
+    def __init__(self, parent: DataTarget, size: int, width: int):
+        self._width = width  # read by _setup's cuts
+        self._setup(parent, size)
+        self._n_max = width
+        # Its own minibatch buffers, prefetch plan and reshuffle window (shapes of M).
+        self._buffers, self._plan, self._window = {}, None, None
+        self._padded = None
+
+    def gather(self, ids: torch.Tensor) -> None:
+        super().gather(ids)
+        if self._padded is not None:
+            self._fill_padded()
+
+    def _pad(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The drawn clients' rows padded to the view's width (zeros beyond n_c), as
+        `DataTarget.X` and ``y`` hold them: gathered from the parent's flat data into
+        buffers that `gather` refills."""
+        if self._padded is None:
+            M, n_max = self.num_clients, self._n_max
+            X = torch.empty(M, n_max, *self.feature_shape, dtype=self.dtype, device=self.device)
+            y = torch.empty(M, n_max, dtype=torch.int64, device=self.device)
+            self._padded = (X, y)
+            self._fill_padded()
+        return self._padded
+
+    def _fill_padded(self) -> None:
+        X, y = self._padded
+        X_all, y_all = self._flat()
+        first = self._row_offsets.view(-1, 1)
+        rows = first + torch.arange(self._n_max, device=self.device)
+        rows = torch.minimum(rows, first + self._last_row.view(-1, 1)).view(-1)
+        flat_X = X.view(-1, self._feature_size)
+        torch.index_select(X_all.view(-1, self._feature_size), 0, rows, out=flat_X)
+        torch.index_select(y_all, 0, rows, out=y.view(-1))
+        invalid = ~self._valid
+        X.masked_fill_(invalid.view(*invalid.shape, *([1] * len(self.feature_shape))), 0)
+        y.masked_fill_(invalid, 0)
+
+    def with_batch_size(self, batch_size: int) -> DataTarget:
+        if int(batch_size) == self.batch_size:
+            return self
+        raise ValueError(
+            "a round's view keeps its target's batch size: take with_batch_size of that target"
+        )
+
+
+class _GaussianView(_Gathered, GaussianTarget):
+    """`GaussianTarget.round_view`'s view of M clients."""
+
+    _PER_CLIENT = {"means": 0, "variances": 0, "weights": 0, "_mu": 1, "_prec": 1}
+
+    def __init__(self, parent: GaussianTarget, size: int):
+        self._setup(parent, size)
 
 
 def _ids(clients) -> list[int]:

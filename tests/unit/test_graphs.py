@@ -214,11 +214,67 @@ def test_debiased_rounds_replay_with_their_correction():
         assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
 
 
-def test_partial_participation_runs_eagerly():
-    cfg, problem, theta = _problem(num_clients=6, clients_per_round=3)
+@pytest.mark.parametrize(
+    "over",
+    [
+        {"participation": "uniform"},
+        {"participation": "normalized", "partition": "quantity"},
+        {"participation": "normalized", "batch_size": 0},  # full batch
+        {"participation": "uniform", "minibatch": "reshuffle", "batch_size": 60},
+        {"participation": "uniform", "dataset": "gaussian-hetero", "dim": 3},
+    ],
+    ids=["uniform", "quantity", "full-batch", "reshuffle", "gaussian"],
+)
+def test_partial_participation_rounds_replay(over):
+    """A round's drawn clients change, but not their number: every round computes on the
+    same view of the target, its per-client tensors refilled from the drawn ids, so the
+    rounds replay from round 3 on, and the chain is the eager one. (Clients of unequal
+    sizes: one view, and kind of round, per width, so fewer rounds replay.)"""
+    cfg, problem, theta = _problem(num_clients=8, clients_per_round=3, **over)
+    settings = _settings(cfg, clients_per_round=3, participation=over["participation"])
+    eager = _run(cfg, problem, theta, settings, None, 6)
     graphs = RoundGraphs(capture=EagerReplay)
-    _run(cfg, problem, theta, _settings(cfg, clients_per_round=3), graphs, 3)
-    assert graphs.replays == 0  # a round's clients change: its target is a new subset
+    replayed = _run(cfg, problem, theta, settings, graphs, 6)
+    views = getattr(problem.target, "_views", {})
+    assert graphs.off is None and graphs.replays >= 1
+    if len(views) == 1:
+        assert graphs.replays == 4
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_weighted_participation_replays_each_number_of_clients():
+    """Under ``weighted`` participation S draws with replacement give M ≤ S distinct
+    clients: one kind of round (and view) per M, each replayed once it has recurred."""
+    cfg, problem, theta = _problem(num_clients=5, clients_per_round=4)
+    settings = _settings(cfg, clients_per_round=4, participation="weighted")
+    eager = _run(cfg, problem, theta, settings, None, 12)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = _run(cfg, problem, theta, settings, graphs, 12)
+    sizes = sorted(problem.target._views)
+    assert len(sizes) > 1 and graphs.off is None and graphs.replays > 0
+    for a, b in zip(eager, replayed, strict=True):
+        assert all(torch.equal(x, y) for x, y in zip(a, b, strict=True))
+
+
+def test_a_round_view_computes_what_its_clients_compute_alone():
+    """A round's view of clients (3, 15, 7) gives the gradients that the target restricted
+    to them (``subset``) gives: the same minibatches of the same points, whichever clients
+    are drawn with them; refilling the view for other clients changes it in place."""
+    cfg, problem, _ = _problem(num_clients=20, partition="quantity", batch_size=24)
+    target = problem.target
+    theta = torch.randn(2, 3, target.dim, dtype=torch.float64)
+    keys = torch.arange(6).view(2, 3)
+    ids = torch.tensor([3, 15, 7])
+    view = target.round_view(ids)
+    g, e = view.grad(theta.clone(), keys, 0)
+    g_sub, e_sub = target.subset(ids).grad(theta.clone(), keys, 0)
+    torch.testing.assert_close(g, g_sub, rtol=1e-12, atol=1e-12)
+    torch.testing.assert_close(e, e_sub, rtol=1e-12, atol=1e-12)
+    counts = view.counts
+    again = torch.tensor([7, 3, 15])
+    assert target.round_view(again) is view and view.counts is counts
+    assert torch.equal(view.counts, target.counts[again])
 
 
 @pytest.mark.parametrize(
@@ -316,6 +372,18 @@ def test_leapfrog_synced_rounds_replay_by_their_kind(extra):
 
 def _double(x):
     return (x * 2.0,)
+
+
+def test_at_most_max_kinds_are_captured(monkeypatch):
+    from fedhmc.core import graphs as graphs_module
+
+    monkeypatch.setattr(graphs_module, "MAX_KINDS", 2)
+    graphs = RoundGraphs(capture=EagerReplay)
+    x = torch.ones(3)
+    for _ in range(3):
+        for key in "abc":
+            graphs(key, lambda t: (t * 2,), (x,))
+    assert graphs.replays == 2 and set(graphs._graphs) == {"a", "b"}  # "c" ran eagerly
 
 
 def test_warm_up_capture_and_check_then_replay():

@@ -60,9 +60,10 @@ def test_quantity_sigma_is_an_option_and_refused_when_negative(cli, tmp_path):
 
 
 def test_idle_clients_hold_only_their_data():
-    """A target whose rounds use subsets of its clients never builds the padded
-    (N, n_max, …) tensors of all of them, and the subsets' gradients are those the full
-    target gives its clients."""
+    """A target whose rounds draw some of its clients never builds the padded
+    (N, n_max, …) tensors of all of them (its round views gather their minibatches from
+    the data's rows), and the subsets' gradients are those the full target gives its
+    clients."""
     import torch
 
     from fedhmc.algorithms import fahmc
@@ -78,13 +79,13 @@ def test_idle_clients_hold_only_their_data():
     for _ in range(3):
         state, info = fahmc.step(cfg.seed, state, target, settings)
         assert info.clients == 7
-    assert not target._store  # no gathered or padded copy: idle clients cost only their data
+    assert "padded" not in target._store  # idle clients cost only their data's rows
     ids = [3, 150, 17]
     sub = target.subset(ids)
     theta = torch.randn(2, 3, target.dim, dtype=torch.float64)
     keys = torch.arange(6).view(2, 3)
     g_sub, e_sub = sub.grad(theta, keys, 0)
-    assert sub._store and not target._store  # only the subset gathered its data
+    assert sub._store and "padded" not in target._store
     full = torch.zeros(2, target.num_clients, target.dim, dtype=torch.float64)
     full[:, ids] = theta
     fkeys = torch.zeros(2, target.num_clients, dtype=torch.int64)
