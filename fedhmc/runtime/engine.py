@@ -821,8 +821,16 @@ class EngineBackend:
         self.state = checkpoint.state_from_dict(saved, cls, self.device, settings=self.settings)
 
     def summary(self) -> dict:
-        """Whether a module's gradient ran compiled (``--compile``; None: no module)."""
-        return {} if self.compiled is None else {"model_compiled": self.compiled}
+        """Whether a module's gradient ran compiled (``--compile``; None: no module); with
+        CUDA graphs, how many rounds this process replayed from them, and why they were
+        turned off if they were."""
+        out = {} if self.compiled is None else {"model_compiled": self.compiled}
+        graphs = getattr(self.target, "graphs", None)
+        if graphs is not None:
+            out["cuda_graph_replays"] = graphs.replays
+            if graphs.off is not None:
+                out["cuda_graphs_off"] = graphs.off
+        return out
 
 
 def run(

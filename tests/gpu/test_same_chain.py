@@ -239,3 +239,37 @@ def test_metric_functions_on_device(device64):
         RTOL_F64,
     )
     cmp.assert_ok()
+
+
+GRAPH_CELLS = [c for c in CELLS_F64 if c.id in {
+    "fahmc-logistic", "fahmc-cnn", "fahmc-normalized-S2-cnn", "fahmc-uniform-S2-logistic",
+    "fahmc-weighted-S2-logistic", "fahmc-rho0.5-noise-logistic", "fahmc-fullbatch-mlp",
+}]  # fmt: skip
+
+
+@pytest.mark.parametrize("cell", GRAPH_CELLS, ids=_ids(GRAPH_CELLS))
+def test_cuda_graphs_leave_the_chain_unchanged(cell, device64, tmp_path, record_property):
+    """The same run on the device with its rounds replayed from CUDA graphs (the default)
+    and without (``cuda_graphs=False``): θ̄, the samples and every metric bit for bit, and
+    the replays happened (full participation and a fixed number of drawn clients: rounds
+    3–5, one kind of round)."""
+    if device64.type != "cuda":
+        pytest.skip("CUDA graphs need a CUDA device")
+    from gpu_cells import config
+
+    from fedhmc.runtime.engine import run
+
+    on = run(config(cell, device64, tmp_path / "on"), progress=False)
+    off = run(config(cell, device64, tmp_path / "off", cuda_graphs=False), progress=False)
+    cmp = Comparison()
+    cmp.exact("graphs turned off", on.summary.get("cuda_graphs_off"), None)
+    cmp.exact("theta_bar", on.theta_bar.cpu(), off.theta_bar.cpu())
+    for a, b in zip(on.history, off.history, strict=True):
+        for k in (*METRICS, "clients"):
+            cmp.exact(f"round {a['round']} {k}", a.get(k), b.get(k))
+    replays = on.summary.get("cuda_graph_replays", 0)
+    record_property("replays", replays)
+    if "weighted" not in cell.id:  # weighted draws 1 or 2 distinct clients: 2 kinds
+        cmp.exact("rounds replayed", replays, 3)
+    assert "cuda_graph_replays" not in off.summary
+    _finish(cmp, record_property)

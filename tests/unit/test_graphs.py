@@ -433,3 +433,22 @@ def test_cuda_graphs_default_and_refusal():
     assert RunConfig().resolve().cuda_graphs is False  # on the CPU
     with pytest.raises(Exception, match="--cuda-graphs needs --device cuda"):
         RunConfig(cuda_graphs=True).resolve()
+
+
+def test_a_run_says_how_many_rounds_it_replayed(tmp_path):
+    """``summary.json`` records the rounds replayed from CUDA graphs (here the CPU
+    stand-in): 6 rounds of 3 drawn clients, replayed from round 3 on."""
+    import json
+
+    from fedhmc.runtime.engine import run
+
+    cfg, problem, _ = _problem(
+        num_clients=6, clients_per_round=3, participation="uniform", rounds=6,
+        out=str(tmp_path / "run"),
+    )  # fmt: skip
+    problem.target.graphs = RoundGraphs(capture=EagerReplay)
+    with device_path():
+        res = run(cfg, problem=problem, progress=False)
+    assert res.summary["cuda_graph_replays"] == 4 and "cuda_graphs_off" not in res.summary
+    saved = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert saved["cuda_graph_replays"] == 4
