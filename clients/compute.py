@@ -40,6 +40,8 @@ def identity(run_config: dict, node_config: dict):
     rc["num-clients"] = int(node_config["num-partitions"])
     rc["device"] = client_device(run_config, node_config, _ray_gpu_ids())
     rc.pop("client-gpus", None)  # the simulation's resources, not this client's
+    if not rc["device"].startswith("cuda"):  # CUDA graphs: how a GPU node computes, not
+        rc.pop("cuda-graphs", None)  # what; a CPU node beside GPU ones runs without them
     return client_config(rc), pid
 
 

@@ -395,8 +395,8 @@ class RunConfig:
     cuda_graphs: bool | None = _f(
         None,
         "capture each round's local iterations in a CUDA graph and replay it (default: on "
-        "with `--device cuda`; every client's rounds, except under partial participation; "
-        "the chain is the same either way)",
+        "with `--device cuda`; the federated samplers' rounds, under every participation "
+        "scheme, in the engine and in Flower's clients; the chain is the same either way)",
     )
     client_gpus: float | None = _f(
         None,

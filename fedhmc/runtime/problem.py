@@ -214,15 +214,14 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
         if not registry.find(cfg.algorithm).federated:  # one sampler on the pooled energy f
             post = target.posterior()
             target = GaussianTarget([post.mean], [post.var], cfg.dim, dtype=dtype, device=device)
-        elif cfg.cuda_graphs:
-            target.graphs = RoundGraphs()
+        else:
+            _replayed(cfg, target)
         check_run_memory(cfg, None, cfg.dim, device)  # before the first round: one line
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, None, device)
     check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
-    if cfg.cuda_graphs:  # the clients' rounds replayed from CUDA graphs (all clients')
-        target.graphs = RoundGraphs()
+    _replayed(cfg, target)  # the clients' rounds replayed from CUDA graphs (all clients')
     model = target.model
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
@@ -245,21 +244,31 @@ def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, dev
     )
 
 
+def _replayed(cfg: RunConfig, target):
+    """``target`` whose clients' rounds replay from CUDA graphs when ``cfg.cuda_graphs``."""
+    if cfg.cuda_graphs:
+        target.graphs = RoundGraphs()
+    return target
+
+
 def build_clients_target(cfg: RunConfig, num_total: int | None = None, device="cpu"):
     """Every client's target in one: what the co-located clients of a Flower simulation
-    compute with (`fedhmc_clients.task.colocated_update`)."""
+    compute with (`fedhmc_clients.task.colocated_update`); their rounds replay from CUDA
+    graphs as the engine's do."""
     if cfg.dataset in GAUSSIAN_TARGETS:
-        return hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
+        target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
+        return _replayed(cfg, target)
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, num_total, device)
     check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
-    return target
+    return _replayed(cfg, target)
 
 
 def build_client_target(
     cfg: RunConfig, partition_id: int, num_total: int | None = None, device="cpu"
 ):
-    """One client's target (what a Flower client samples): (target, n_c).
+    """One client's target (what a Flower client samples): (target, n_c). Its rounds
+    replay from CUDA graphs when ``cfg.cuda_graphs``.
 
     ``num_total`` is the global n that the server sends; by default the client computes it
     from the partition (every client splits the same data with the same seed).
@@ -267,7 +276,7 @@ def build_client_target(
     dtype = torch_dtype(cfg)
     if cfg.dataset in GAUSSIAN_TARGETS:
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=dtype, device=device)
-        return target.client(partition_id), 1
+        return _replayed(cfg, target.client(partition_id)), 1
     data, parts = load_client_data(cfg)
     if not 0 <= partition_id < len(parts):
         raise ConfigError(
@@ -287,7 +296,7 @@ def build_client_target(
         device=device,
         minibatch=cfg.minibatch or "uniform",
     )
-    return target, len(idx)
+    return _replayed(cfg, target), len(idx)
 
 
 def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Tensor:

@@ -115,6 +115,30 @@ def test_in_a_ray_worker_with_a_gpu_share_cuda_is_the_gpu_ray_gave():
     assert cc.client_device({"device": "cuda:1"}, {}, ray_gpus=[]) == "cuda:1"
 
 
+def test_a_cpu_node_runs_without_the_runs_cuda_graphs():
+    """A run asking for CUDA graphs on its GPU nodes: a CPU node computes without them
+    (they say how a GPU computes, not what), instead of refusing the run's config."""
+    rc = {**RunConfig(num_clients=4).to_run_config(), "device": "cuda", "cuda-graphs": True}
+    cfg, pid = cc.identity(rc, {"partition-id": 1, "num-partitions": 4, "device": "cpu"})
+    assert (cfg.device, cfg.cuda_graphs, pid) == ("cpu", False, 1)
+
+
+def test_flower_targets_replay_rounds_when_the_config_says_so():
+    """The co-located clients' target and a deployed client's take the run's CUDA graphs
+    (set here on a CPU config, where a run would refuse them, to see the wiring)."""
+    from fedhmc.runtime.problem import build_client_target, build_clients_target
+
+    cfg = RunConfig(num_clients=4).resolve()
+    assert build_clients_target(cfg).graphs is None
+    assert build_client_target(cfg, 0)[0].graphs is None
+    object.__setattr__(cfg, "cuda_graphs", True)
+    assert build_clients_target(cfg).graphs is not None
+    assert build_client_target(cfg, 0)[0].graphs is not None
+    gauss = RunConfig(num_clients=4, dataset="gaussian-hetero").resolve()
+    object.__setattr__(gauss, "cuda_graphs", True)
+    assert build_client_target(gauss, 2)[0].graphs is not None
+
+
 def _cuda_run_config(**kw) -> dict:
     """A run config whose device is cuda (refused by a client without a GPU)."""
     return {**RunConfig(num_clients=2, **kw).to_run_config(), "device": "cuda"}
