@@ -452,3 +452,36 @@ def test_a_run_says_how_many_rounds_it_replayed(tmp_path):
     assert res.summary["cuda_graph_replays"] == 4 and "cuda_graphs_off" not in res.summary
     saved = json.loads((tmp_path / "run" / "summary.json").read_text())
     assert saved["cuda_graph_replays"] == 4
+
+
+def test_a_deployed_clients_rounds_replay(tmp_path):
+    """A Flower client decodes its settings from every round's message (a new, equal
+    object each round): its rounds are still one kind, replayed from round 3 on, and give
+    the eager rounds."""
+    import dataclasses
+
+    from fedhmc.runtime.problem import build_client_target
+
+    cfg, problem, theta = _problem()
+    settings = _settings(cfg)
+    target, _ = build_client_target(cfg, 2)
+    seeds = fahmc.client_seeds(cfg.seed, [2])
+
+    def rounds(graphs):
+        target.graphs = graphs
+        state, out = fahmc.init(theta, settings), []
+        with device_path():
+            for _ in range(5):
+                decoded = dataclasses.replace(settings)  # as wire.decode_sampler gives it
+                message = fahmc.broadcast(cfg.seed, state, decoded)
+                update = fahmc.client_update(message, target, decoded, seeds)
+                state = fahmc.State(update.position[:, 0], state.round + 1)
+                out.append(update.position.clone())
+        target.graphs = None
+        return out
+
+    eager = rounds(None)
+    graphs = RoundGraphs(capture=EagerReplay)
+    replayed = rounds(graphs)
+    assert graphs.off is None and graphs.replays == 3
+    assert all(torch.equal(a, b) for a, b in zip(eager, replayed, strict=True))
