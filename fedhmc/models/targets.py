@@ -168,6 +168,7 @@ class DataTarget:
         # Minibatch buffers, reused across evaluations (keyed by chains and batch size).
         self._buffers: dict = {}
         self._views: dict = {}  # round_view's, by (drawn clients, width)
+        self._views_buffers: dict = {}  # their minibatch buffers, by drawn clients
         # Random reshuffling: (keys, first pass (N,), permutations (S, N, m, n_max), the
         # minibatch numbers [a, b) they cover when known on the host, else None).
         self._window = None
@@ -225,6 +226,8 @@ class DataTarget:
             width = max(width, self.batch_size)
         width = min(width, self._n_max)
         key = (len(host), width)
+        for other in self._views.values():  # what earlier rounds drew: free it
+            other._plan = other._window = None
         view = self._views.get(key)
         if view is None:
             view = self._views[key] = _DataView(self, len(host), width)
@@ -566,7 +569,8 @@ class _Gathered:
     _width: int | None = None
 
     def _setup(self, parent, size: int) -> None:
-        state = {k: v for k, v in parent.__dict__.items() if k not in ("graphs", "_views")}
+        skip = ("graphs", "_views", "_views_buffers")
+        state = {k: v for k, v in parent.__dict__.items() if k not in skip}
         self.__dict__.update(state)
         self._parent = parent
         self.num_clients = size
@@ -626,8 +630,10 @@ class _DataView(_Gathered, DataTarget):
         self._width = width  # read by _setup's cuts
         self._setup(parent, size)
         self._n_max = width
-        # Its own minibatch buffers, prefetch plan and reshuffle window (shapes of M).
-        self._buffers, self._plan, self._window = {}, None, None
+        # Its own prefetch plan and reshuffle window; its minibatch buffers (shapes of M)
+        # are those of every view of M clients: a round uses one view.
+        self._plan, self._window = None, None
+        self._buffers = parent._views_buffers.setdefault(size, {})
         self._padded = None
 
     def gather(self, ids: torch.Tensor) -> None:

@@ -272,9 +272,14 @@ def test_a_round_view_computes_what_its_clients_compute_alone():
     torch.testing.assert_close(g, g_sub, rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(e, e_sub, rtol=1e-12, atol=1e-12)
     counts = view.counts
+    assert view._plan is not None
     again = torch.tensor([7, 3, 15])
     assert target.round_view(again) is view and view.counts is counts
     assert torch.equal(view.counts, target.counts[again])
+    assert view._plan is None  # a new round frees what the last one drew
+    small = target.round_view(torch.argsort(target.counts)[:3])  # a narrower view of 3
+    assert small is not view and small._n_max < view._n_max
+    assert small._buffers is view._buffers  # one round at a time: one set of buffers
 
 
 @pytest.mark.parametrize(
