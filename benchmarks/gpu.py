@@ -425,6 +425,7 @@ def bench_authors(dev: torch.device, smoke: bool) -> dict:
     run): the run's wall time, and its metrics against the CPU's at the same round."""
     import csv
 
+    import fedhmc
     from benchmarks.common import fmnist_available, fmnist_missing
     from fedhmc.runtime.config import RunConfig, recorded_settings
 
@@ -434,8 +435,6 @@ def bench_authors(dev: torch.device, smoke: bool) -> dict:
     saved = json.loads((AUTHORS_CELL / "config.json").read_text())
     with open(AUTHORS_CELL / "metrics.csv", newline="") as f:
         reference = {int(r["round"]): r for r in csv.DictReader(f)}
-    import fedhmc
-
     with tempfile.TemporaryDirectory() as tmp:
         settings = {**recorded_settings(saved), "rounds": rounds, "device": str(dev)}
         cfg = RunConfig.from_mapping({**settings, "out": tmp, "data_dir": None}).resolve()

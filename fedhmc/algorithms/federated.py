@@ -123,9 +123,9 @@ def round_clients(seed: int, message, target):
     (the built-in targets: one view per number of drawn clients, refilled in place, so
     that a CUDA graph replays its rounds), else ``target.subset(ids)``."""
     device = message.position.device
-    ids = message.client_ids
-    if ids is None:
+    if message.client_ids is None:
         return target, client_seeds(seed, target.num_clients, device)
+    ids = message.client_ids.tolist()  # one transfer, for the view and the seeds
     view = getattr(target, "round_view", None)
     computing = view(ids) if view is not None else target.subset(ids)
     return computing, client_seeds(seed, ids, device)

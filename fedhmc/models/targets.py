@@ -218,21 +218,15 @@ class DataTarget:
         CUDA graph captures them like full participation's rounds. A client draws the same
         minibatch (the same points) in every view, whichever clients are drawn with it.
         """
-        host = _ids(clients)
-        ids = torch.as_tensor(clients, dtype=torch.int64, device=self.device)
-        largest = max(self._counts_host[c] for c in host)
+        ids = _ids(clients)
+        largest = max(self._counts_host[c] for c in ids)
         width = 1 << max(largest - 1, 0).bit_length()  # the power of two ≥ largest
         if not self.full_batch:
             width = max(width, self.batch_size)
         width = min(width, self._n_max)
-        key = (len(host), width)
         for other in self._views.values():  # what earlier rounds drew: free it
             other._plan = other._window = None
-        view = self._views.get(key)
-        if view is None:
-            view = self._views[key] = _DataView(self, len(host), width)
-        view.gather(ids)
-        return view
+        return _refilled(self, ids, (len(ids), width), lambda: _DataView(self, len(ids), width))
 
     def prefetch(
         self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
@@ -496,6 +490,7 @@ class GaussianTarget:
         self.dim = int(dim)
         self._mu = self.means.to(dtype).view(1, -1, 1)
         self._prec = (1.0 / self.variances).to(dtype).view(1, -1, 1)
+        self._views: dict = {}  # round_view's, by drawn clients
 
     def client(self, c: int) -> GaussianTarget:
         return self.subset([c])
@@ -512,14 +507,8 @@ class GaussianTarget:
     def round_view(self, clients) -> GaussianTarget:
         """The clients ``clients`` of a round (M distinct ids), with their global weights:
         one view per M, refilled in place (see `DataTarget.round_view`)."""
-        ids = torch.as_tensor(clients, dtype=torch.int64, device=self.device)
-        M = int(ids.shape[0])
-        views = self.__dict__.setdefault("_views", {})
-        view = views.get(M)
-        if view is None:
-            view = views[M] = _GaussianView(self, M)
-        view.gather(ids)
-        return view
+        ids = _ids(clients)
+        return _refilled(self, ids, len(ids), lambda: _GaussianView(self, len(ids)))
 
     def prefetch(
         self, keys: torch.Tensor, start: int, count: int, horizon: int | None = None
@@ -555,6 +544,16 @@ def hetero_gaussian(
     means = [20.0] * first + [1.0] * (num_clients - first)
     variances = [1.0] * first + [2.0] * (num_clients - first)
     return GaussianTarget(means, variances, dim, dtype=dtype, device=device)
+
+
+def _refilled(target, ids: list[int], key, make):
+    """``target``'s round view ``key`` (built by ``make()`` the first time), refilled with
+    the clients ``ids``."""
+    view = target._views.get(key)
+    if view is None:
+        view = target._views[key] = make()
+    view.gather(torch.as_tensor(ids, dtype=torch.int64, device=target.device))
+    return view
 
 
 class _Gathered:

@@ -30,8 +30,7 @@ evaluations in the run (rounds × chains × clients × T × (K + 1)). Compiling 
 first time takes 5–20 s (LeNet-5 on digits: about 18 s for its two shapes; inductor's disk
 cache brings a later process down to about 2 s) and saves about 0.03 ms per evaluation of a
 small network (measured on 2 CPU cores), so a smaller run would spend longer compiling than
-it saves. A resumed run keeps
-the choice recorded in its config.json."""
+it saves. A resumed run keeps the choice recorded in its config.json."""
 
 BACKENDS = ("engine", "flower")
 """``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""

@@ -220,8 +220,6 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
         return Problem(target, evaluator, None, desc)
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, None, device)
-    check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
-    _replayed(cfg, target)  # the clients' rounds replayed from CUDA graphs (all clients')
     model = target.model
     evaluator = PredictiveEvaluator(
         model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
@@ -230,9 +228,11 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
 
 
 def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, device):
-    """The DataTarget of every client's partition (n = ``num_total``, default Σ n_c)."""
+    """The DataTarget of every client's partition (n = ``num_total``, default Σ n_c), its
+    memory checked before the first round, its rounds replayed from CUDA graphs when
+    ``cfg.cuda_graphs``."""
     model = build_model(cfg, data, device)
-    return DataTarget(
+    target = DataTarget(
         model,
         [(data.X_train[idx], data.y_train[idx]) for idx in parts],
         cfg.batch_size,
@@ -242,6 +242,8 @@ def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, dev
         device=device,
         minibatch=cfg.minibatch or "uniform",
     )
+    check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
+    return _replayed(cfg, target)
 
 
 def _replayed(cfg: RunConfig, target):
@@ -259,9 +261,7 @@ def build_clients_target(cfg: RunConfig, num_total: int | None = None, device="c
         target = hetero_gaussian(cfg.num_clients, cfg.dim, dtype=torch_dtype(cfg), device=device)
         return _replayed(cfg, target)
     data, parts = load_client_data(cfg)
-    target = _clients_data_target(cfg, data, parts, num_total, device)
-    check_run_memory(cfg, data, target.dim, device)  # before the first round: one line
-    return _replayed(cfg, target)
+    return _clients_data_target(cfg, data, parts, num_total, device)
 
 
 def build_client_target(
