@@ -247,8 +247,9 @@ def _clients_data_target(cfg: RunConfig, data, parts, num_total: int | None, dev
 
 
 def _replayed(cfg: RunConfig, target):
-    """``target`` whose clients' rounds replay from CUDA graphs when ``cfg.cuda_graphs``."""
-    if cfg.cuda_graphs:
+    """``target`` whose clients' rounds replay from CUDA graphs when ``cfg.cuda_graphs``
+    and the algorithm has clients' rounds (a federated one)."""
+    if cfg.cuda_graphs and registry.find(cfg.algorithm).federated:
         target.graphs = RoundGraphs()
     return target
 

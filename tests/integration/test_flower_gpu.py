@@ -124,8 +124,9 @@ def test_a_cpu_node_runs_without_the_runs_cuda_graphs():
 
 
 def test_flower_targets_replay_rounds_when_the_config_says_so():
-    """The co-located clients' target and a deployed client's take the run's CUDA graphs
-    (set here on a CPU config, where a run would refuse them, to see the wiring)."""
+    """The co-located clients' target, a deployed client's and the engine's take the run's
+    CUDA graphs, unless the algorithm has no clients' rounds (set here on a CPU config,
+    where a run would refuse them, to see the wiring)."""
     from fedhmc.runtime.problem import build_client_target, build_clients_target
 
     cfg = RunConfig(num_clients=4).resolve()
@@ -137,6 +138,12 @@ def test_flower_targets_replay_rounds_when_the_config_says_so():
     gauss = RunConfig(num_clients=4, dataset="gaussian-hetero").resolve()
     object.__setattr__(gauss, "cuda_graphs", True)
     assert build_client_target(gauss, 2)[0].graphs is not None
+    from fedhmc.runtime.problem import build_problem
+
+    pooled = RunConfig(num_clients=4, algorithm="sghmc").resolve()  # no clients' rounds
+    object.__setattr__(pooled, "cuda_graphs", True)
+    assert build_problem(pooled).target.graphs is None
+    assert build_problem(cfg).target.graphs is not None
 
 
 def _cuda_run_config(**kw) -> dict:
