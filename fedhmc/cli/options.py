@@ -137,6 +137,14 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
         raise ConfigError(
             f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"
         ) from None
+    if not isinstance(saved, dict):
+        raise ConfigError(
+            f"--resume {run_dir}: its config.json holds a JSON {type(saved).__name__}, not the "
+            "object fedhmc writes; restore it, or start a new run"
+        )
+    from fedhmc.runtime.checkpoint import refuse_named_code
+
+    refuse_named_code(run_dir, saved, given)  # before anything the folder names is imported
     if "device" in given and given["device"] != saved.get("device"):
         # Another device: how the run computes there is decided anew unless given.
         for key in ("cuda_graphs", "client_gpus"):

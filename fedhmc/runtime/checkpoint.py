@@ -246,6 +246,46 @@ RESUMABLE_CHANGES = frozenset(
 )
 
 
+PICKLED_DATASETS = ("cifar2",)
+"""The datasets whose files are Python pickles (CIFAR-10's batches): reading them from a
+folder runs whatever code the files hold."""
+
+
+def refuse_named_code(run_dir, saved: dict, given: dict) -> None:
+    """Refuse, in one line and before anything is imported, a resume of ``run_dir`` whose
+    folder (``saved``: its config.json) names code that only the command line may name.
+
+    A run folder is something people send each other, so it never decides what runs: a run
+    recorded with the user's own model (``PACKAGE.MODULE:FACTORY``) needs ``--model`` again,
+    equal to the recorded spec (``given``: the options of this invocation), and a run on a
+    dataset read from pickles (``PICKLED_DATASETS``) out of a recorded ``--data-dir`` needs
+    that ``--data-dir`` again. A ``--model`` given that is not the run's is refused here too,
+    before it is imported."""
+    from fedhmc.runtime.config import MODELS
+
+    model = saved.get("model")  # None: the run had no model (a closed-form target)
+    model = model if isinstance(model, str) or model is None else repr(model)
+    user_code = model is not None and model not in MODELS and not model.startswith("<in-")
+    if "model" in given and model is not None and given["model"] != model:
+        raise ConfigError(
+            f"cannot resume {run_dir}: --model {given['model']} is not the run's model "
+            f"({model[:80]}); drop --model, or give the run's own"
+        )
+    if user_code and "model" not in given:
+        raise ConfigError(
+            f"cannot resume {run_dir}: its run used your own model {model[:80]}, and fedhmc "
+            "imports no code that a run folder names; if you trust that code, name it "
+            f"again: --model {model[:80]}"
+        )
+    data_dir = saved.get("data_dir")
+    if saved.get("dataset") in PICKLED_DATASETS and data_dir and given.get("data_dir") != data_dir:
+        raise ConfigError(
+            f"cannot resume {run_dir}: its {saved['dataset']} files are Python pickles, which "
+            f"run code when read, from the --data-dir {str(data_dir)[:80]} that its folder "
+            f"names; if you trust them, give --data-dir {str(data_dir)[:80]} again"
+        )
+
+
 def check_resumable(
     saved_config: dict, reached: int, version: str, cfg, given: Collection[str] = ()
 ) -> None:
