@@ -41,13 +41,21 @@ def brier(probs: torch.Tensor, labels: torch.Tensor) -> float:
 
 
 def ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> float:
-    """Expected calibration error with ``bins`` equal-width confidence bins (lo, hi]."""
+    """Expected calibration error with ``bins`` equal-width confidence bins (lo, hi].
+
+    The confidences and bins are computed on ``probs``' device; each bin's sums are then
+    taken on the CPU, adding the test points in their order. A GPU adds into a bin with
+    atomic operations, in an order that changes from run to run, so its ECE would change
+    in the last bits; on the CPU the same confidences give the same ECE on every device
+    and in every run.
+    """
     p = probs.to(torch.float64)
     conf, pred = p.max(-1)
     correct = (pred == labels.to(p.device)).to(torch.float64)
     idx = (torch.ceil(conf * bins).long() - 1).clamp_(0, bins - 1)
-    acc_sum = p.new_zeros(bins).index_add_(0, idx, correct)
-    conf_sum = p.new_zeros(bins).index_add_(0, idx, conf)
+    idx, correct, conf = (t.cpu() for t in (idx, correct, conf))
+    acc_sum = conf.new_zeros(bins).index_add_(0, idx, correct)
+    conf_sum = conf.new_zeros(bins).index_add_(0, idx, conf)
     return float((acc_sum - conf_sum).abs().sum() / p.shape[0])
 
 

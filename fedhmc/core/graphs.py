@@ -8,19 +8,29 @@ numbers are counter-based hashes of keys that are *inputs* of the round (``fedhm
 so replaying the captured kernels on new keys draws fresh numbers, and nothing in the
 round reads a value back to the host.
 
-`RoundGraphs` keeps one graph per kind of call (``key``). A call of a new kind runs
-eagerly (the warm-up: caches and lazy initialisation happen outside capture). The second
-runs eagerly too, and is also captured and replayed on the same inputs: the replay must
-equal the eager result bit for bit, or the graphs are turned off for the run with a
-one-line note (so a capture can never change a chain). From the third call on, the inputs
-are copied into the graph's static tensors and the graph is replayed. At most
-``MAX_KINDS`` kinds are kept (each graph holds its own memory); calls of further kinds
-run eagerly.
+`RoundGraphs` keeps one graph per kind of call (``key``):
+
+1. the first call of a kind runs eagerly (the warm-up: caches and lazy initialisation
+   happen outside capture);
+2. the second runs eagerly and is captured on static copies of its inputs;
+3. the third copies its (new) inputs into the graph, replays it, and also runs eagerly:
+   the two must agree bit for bit. A value the capture froze (a Python number read once,
+   a tensor replaced between rounds) shows here, on inputs the graph was not captured
+   with; so does a graph that recorded nothing (captured on another device or stream).
+   Any difference, or a capture that fails or records nothing, turns the graphs off for
+   the run with a one-line note, so a capture never changes a chain;
+4. from then on the inputs are copied into the graph and it is replayed.
+
+Warm-up, capture and replay run with the run's device current (``torch.cuda.device``),
+on streams made on that device. At most ``MAX_KINDS`` kinds are kept (each graph holds
+its own memory); calls of further kinds run eagerly.
 """
 
 from __future__ import annotations
 
+import contextlib
 import sys
+import warnings
 from collections.abc import Callable, Hashable
 
 import torch
@@ -31,28 +41,72 @@ Outputs = tuple[torch.Tensor | None, ...]
 MAX_KINDS = 16
 """At most this many kinds of call are captured in a run (the first ones met)."""
 
+EMPTY_GRAPH = "The CUDA Graph is empty"
+"""The start of torch's warning for a capture that recorded no kernel."""
+
+
+class EmptyGraphError(RuntimeError):
+    """A capture recorded no kernel: the round ran on another device or stream."""
+
+
+def device_of(inputs: Inputs) -> torch.device:
+    """The device of the first tensor among ``inputs``."""
+    return next(x.device for x in inputs if x is not None)
+
 
 class CudaGraph:
-    """``fn`` captured on static copies of ``inputs``; `replay` runs it on new inputs."""
+    """``fn`` captured on static copies of ``inputs`` on ``device`` (default: the inputs');
+    `replay` runs it on new inputs. ``cuda`` is `torch.cuda` (tests pass a stand-in)."""
 
-    def __init__(self, fn: Callable[..., Outputs], inputs: Inputs):
+    def __init__(self, fn: Callable[..., Outputs], inputs: Inputs, device=None, cuda=torch.cuda):
+        self.cuda = cuda
+        self.device = torch.device(device) if device is not None else device_of(inputs)
         self.static = tuple(None if x is None else x.clone() for x in inputs)
-        stream = torch.cuda.Stream()
-        stream.wait_stream(torch.cuda.current_stream())
-        with torch.cuda.stream(stream):  # warm-up on a side stream, as capture requires
-            fn(*self.static)
-        torch.cuda.current_stream().wait_stream(stream)
-        self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
-            self.out = fn(*self.static)
+        with cuda.device(self.device):
+            side = cuda.Stream(device=self.device)
+            side.wait_stream(cuda.current_stream(self.device))
+            with cuda.stream(side):  # warm-up on a side stream, as capture requires
+                fn(*self.static)
+            cuda.current_stream(self.device).wait_stream(side)
+            self.graph = cuda.CUDAGraph()
+            self.out = _capture(self.graph, fn, self.static, side, self.device, cuda)
 
     def replay(self, inputs: Inputs) -> Outputs:
-        for static, x in zip(self.static, inputs, strict=True):
-            if static is not None:
-                static.copy_(x)
-        self.graph.replay()
-        # The next replay overwrites the outputs: hand out copies.
-        return tuple(None if o is None else o.clone() for o in self.out)
+        with self.cuda.device(self.device):
+            for static, x in zip(self.static, inputs, strict=True):
+                if static is not None:
+                    static.copy_(x)
+            self.graph.replay()
+            # The next replay overwrites the outputs: hand out copies.
+            return tuple(None if o is None else o.clone() for o in self.out)
+
+
+def _capture(graph, fn, static: Inputs, side, device, cuda) -> Outputs:
+    """``fn(*static)`` captured into ``graph`` on the stream ``side``. Whatever happens,
+    the stream that was current is current again and the device is synchronised after;
+    a capture that recorded no kernel raises `EmptyGraphError`."""
+    cuda.synchronize(device)
+    before = cuda.current_stream(device)
+    cuda.set_stream(side)
+    try:
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            graph.capture_begin()
+            try:
+                out = fn(*static)
+            except BaseException:
+                with contextlib.suppress(Exception):  # the capture is invalid: end it
+                    graph.capture_end()
+                raise
+            graph.capture_end()
+    finally:
+        cuda.set_stream(before)
+        cuda.synchronize(device)
+    for w in seen:
+        if str(w.message).startswith(EMPTY_GRAPH):
+            raise EmptyGraphError(f"the capture recorded no kernel on {device}")
+        warnings.warn_explicit(w.message, w.category, w.filename, w.lineno)
+    return out
 
 
 def _same(a: Outputs, b: Outputs) -> bool:
@@ -63,20 +117,29 @@ def _same(a: Outputs, b: Outputs) -> bool:
     )
 
 
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
+
+
 class RoundGraphs:
     """Captured calls of pure tensor functions, one graph per ``key``.
 
     Parameters
     ----------
     capture
-        Builds a graph from ``(fn, inputs)``; its ``replay(inputs)`` returns ``fn``'s
-        outputs for new inputs. Default: `CudaGraph`. (Tests pass an eager stand-in to
-        check the bookkeeping on a CPU.)
+        Builds a graph from ``(fn, inputs, device)``; its ``replay(inputs)`` returns
+        ``fn``'s outputs for new inputs. Default: `CudaGraph`. (Tests pass a stand-in that
+        records the operations, to check on a CPU what a graph would freeze.)
+    device
+        The run's device, current while graphs are captured and replayed (default: the
+        device of each call's first input).
     """
 
-    def __init__(self, capture: Callable[[Callable, Inputs], CudaGraph] = CudaGraph):
+    def __init__(self, capture: Callable[..., CudaGraph] = CudaGraph, device=None):
         self._capture = capture
+        self.device = None if device is None else torch.device(device)
         self._graphs: dict[Hashable, CudaGraph | None] = {}
+        self._checked: set[Hashable] = set()
         self.off: str | None = None
         """Why the graphs were turned off for this run, or None."""
         self.replays = 0
@@ -95,26 +158,43 @@ class RoundGraphs:
             self._graphs[key] = None  # warmed up: captured at the next call
             return fn(*inputs)
         graph = self._graphs[key]
-        if graph is not None:
-            self.replays += 1
-            return graph.replay(inputs)
+        if graph is None:
+            return self._captured(key, fn, inputs)
+        if key not in self._checked:
+            return self._first_replay(key, graph, fn, inputs)
+        self.replays += 1
+        return graph.replay(inputs)
+
+    def _captured(self, key, fn, inputs: Inputs) -> Outputs:
+        """The eager result of the call; its graph captured for the next call to check."""
         expected = fn(*inputs)
         try:
-            graph = self._capture(fn, inputs)
-            got = graph.replay(inputs)
+            self._graphs[key] = self._capture(fn, inputs, self.device or device_of(inputs))
         except Exception as e:  # noqa: BLE001 - any failure: run on without graphs
-            self.turn_off(f"capture failed ({type(e).__name__}: {str(e).splitlines()[0]})")
+            self.turn_off(f"capture failed ({_first_line(e)})")
+        return expected
+
+    def _first_replay(self, key, graph, fn, inputs: Inputs) -> Outputs:
+        """The graph's first replay, on inputs it was not captured with, checked against
+        the eager call: the eager result, and the graph trusted only if they agree."""
+        expected = fn(*inputs)
+        try:
+            got = graph.replay(inputs)
+        except Exception as e:  # noqa: BLE001
+            self.turn_off(f"the first replay failed ({_first_line(e)})")
             return expected
         if not _same(got, expected):
             self.turn_off("a replay differed from the same round computed without it")
             return expected
-        self._graphs[key] = graph
+        self._checked.add(key)
+        self.replays += 1
         return expected
 
     def turn_off(self, why: str) -> None:
         """Stop capturing and replaying for the rest of the run, saying why in one line."""
         self.off = why
         self._graphs.clear()
+        self._checked.clear()
         print(
             f"fedhmc: note: CUDA graphs are off for the rest of this run: {why}; "
             "the chain is unchanged (add --no-cuda-graphs to skip the attempt)",

@@ -21,6 +21,7 @@ from fedhmc.analysis.metrics import (
     predictive_metrics,
 )
 from fedhmc.core import rng
+from fedhmc.core.determinism import deterministic_cuda
 from fedhmc.core.graphs import RoundGraphs
 from fedhmc.errors import ConfigError
 from fedhmc.models import nets
@@ -250,7 +251,7 @@ def _replayed(cfg: RunConfig, target):
     """``target`` whose clients' rounds replay from CUDA graphs when ``cfg.cuda_graphs``
     and the algorithm has clients' rounds (a federated one)."""
     if cfg.cuda_graphs and registry.find(cfg.algorithm).federated:
-        target.graphs = RoundGraphs()
+        target.graphs = RoundGraphs(device=cfg.device)
     return target
 
 
@@ -336,6 +337,7 @@ def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu", gradie
     given in Python) go through the generic ``TorchModel``, compiled under ``--compile``
     where it computes ``gradients`` (a server's model only predicts).
     """
+    deterministic_cuda(device)
     name = cfg.model
     if name in ("logistic", "mlp"):
         return nets.build_network(name, data.num_features, data.num_classes, cfg.hidden_widths)

@@ -5,8 +5,10 @@ if (1) it reads nothing back to the host and copies nothing from it (capture for
 both), and (2) every value that changes between rounds is an input. Both are properties
 of the code, not of the GPU: here the device path of the random numbers runs on the CPU
 (int64 tensor arithmetic instead of NumPy, the same bits), a dispatch mode refuses every
-host synchronisation and host-to-device copy, and an eager stand-in for the graph replays
-the captured function on static copies of its inputs, as a graph does.
+host synchronisation and host-to-device copy, and a stand-in for the graph
+(``graph_standin.RecordedGraph``) replays the ATen calls recorded at capture, as a graph
+does, and fails a replay whose Python would have made other calls, with other scalars or
+on other tensors.
 """
 
 from __future__ import annotations
@@ -15,36 +17,13 @@ import contextlib
 
 import pytest
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
+from graph_standin import HostSyncError, NoHostSync, RecordedGraph
 
 from fedhmc.algorithms import debiased, fahmc
 from fedhmc.core import rng
 from fedhmc.core.graphs import RoundGraphs
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_problem, initial_position
-
-FORBIDDEN = {
-    "aten._local_scalar_dense.default": "reads a value back to the host (item, float, bool)",
-    "aten.lift_fresh.default": "copies host data to the device (torch.tensor of Python data)",
-    "aten.equal.default": "torch.equal synchronises",
-    "aten.nonzero.default": "nonzero has a data-dependent shape",
-    "aten.is_nonzero.default": "bool(tensor) synchronises",
-    "aten.masked_select.default": "masked_select has a data-dependent shape",
-}
-
-
-class HostSyncError(AssertionError):
-    pass
-
-
-class NoHostSync(TorchDispatchMode):
-    """Refuses what a CUDA graph capture refuses."""
-
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        why = FORBIDDEN.get(str(func))
-        if why is not None:
-            raise HostSyncError(f"{func}: {why}")
-        return func(*args, **(kwargs or {}))
 
 
 @contextlib.contextmanager
@@ -56,28 +35,6 @@ def device_path():
         yield
     finally:
         rng._TENSOR_PATH_ON_CPU = old
-
-
-class EagerReplay:
-    """A stand-in for `fedhmc.core.graphs.CudaGraph` on the CPU: ``fn`` on static copies
-    of the inputs, under the capture's restrictions."""
-
-    captures = 0
-
-    def __init__(self, fn, inputs):
-        EagerReplay.captures += 1
-        self.fn = fn
-        self.static = tuple(None if x is None else x.clone() for x in inputs)
-        with NoHostSync():
-            self.out = fn(*self.static)
-
-    def replay(self, inputs):
-        for s, x in zip(self.static, inputs, strict=True):
-            if s is not None:
-                s.copy_(x)
-        with NoHostSync():
-            self.out = self.fn(*self.static)
-        return tuple(None if o is None else o.clone() for o in self.out)
 
 
 # ------------------------------------------------------------------ the random numbers
@@ -194,7 +151,7 @@ def test_replayed_rounds_give_the_eager_chain(over):
     cfg, problem, theta = _problem(**over)
     settings = _settings(cfg)
     eager = _run(cfg, problem, theta, settings, None, 5)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 5)
     assert graphs.off is None and graphs.replays == 3  # rounds 3, 4, 5
     for a, b in zip(eager, replayed, strict=True):
@@ -206,7 +163,7 @@ def test_debiased_rounds_replay_with_their_correction():
     cfg, problem, theta = _problem(algorithm="fahmc-debiased")
     settings = _settings(cfg, debiased)
     eager = _run(cfg, problem, theta, settings, None, 5, debiased)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 5, debiased)
     # Round 1 has no correction (its own kind), rounds 2… do: rounds 4 and 5 are replays.
     assert graphs.off is None and graphs.replays == 2
@@ -233,7 +190,7 @@ def test_partial_participation_rounds_replay(over):
     cfg, problem, theta = _problem(num_clients=8, clients_per_round=3, **over)
     settings = _settings(cfg, clients_per_round=3, participation=over["participation"])
     eager = _run(cfg, problem, theta, settings, None, 6)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 6)
     views = getattr(problem.target, "_views", {})
     assert graphs.off is None and graphs.replays >= 1
@@ -249,7 +206,7 @@ def test_weighted_participation_replays_each_number_of_clients():
     cfg, problem, theta = _problem(num_clients=5, clients_per_round=4)
     settings = _settings(cfg, clients_per_round=4, participation="weighted")
     eager = _run(cfg, problem, theta, settings, None, 12)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 12)
     sizes = sorted(problem.target._views)
     assert len(sizes) > 1 and graphs.off is None and graphs.replays > 0
@@ -304,7 +261,7 @@ def test_reshuffled_rounds_replay_with_the_minibatch_counter_as_input(over, extr
     assert not problem.target.full_batch
     settings = _settings(cfg, **extra)
     eager = _run(cfg, problem, theta, settings, None, rounds)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, rounds)
     assert graphs.off is None and graphs.replays == replays
     for a, b in zip(eager, replayed, strict=True):
@@ -340,7 +297,7 @@ def test_full_batch_reshuffled_rounds_replay():
     assert problem.target.full_batch
     settings = _settings(cfg, sync_unit="leapfrog", fresh_gradients=True)
     eager = _run(cfg, problem, theta, settings, None, 9)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 9)
     assert graphs.off is None and graphs.replays == 3  # 3 kinds: rounds 7–9 are replays
     for a, b in zip(eager, replayed, strict=True):
@@ -363,7 +320,7 @@ def test_leapfrog_synced_rounds_replay_by_their_kind(extra):
     cfg, problem, theta = _problem()
     settings = _settings(cfg, sync_unit="leapfrog", **extra)
     eager = _run(cfg, problem, theta, settings, None, 12)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = _run(cfg, problem, theta, settings, graphs, 12)
     # 3 kinds of round (K = 3, T = 2): warmed up in rounds 1–3, captured in 4–6, replayed in
     # 7–12
@@ -383,7 +340,7 @@ def test_at_most_max_kinds_are_captured(monkeypatch):
     from fedhmc.core import graphs as graphs_module
 
     monkeypatch.setattr(graphs_module, "MAX_KINDS", 2)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     x = torch.ones(3)
     for _ in range(3):
         for key in "abc":
@@ -392,22 +349,23 @@ def test_at_most_max_kinds_are_captured(monkeypatch):
 
 
 def test_warm_up_capture_and_check_then_replay():
-    EagerReplay.captures = 0
-    graphs = RoundGraphs(capture=EagerReplay)
+    RecordedGraph.captures = 0
+    graphs = RoundGraphs(capture=RecordedGraph)
     x = torch.arange(3.0)
     assert torch.equal(graphs("k", _double, (x,))[0], x * 2)  # warm-up: eager
-    assert EagerReplay.captures == 0
-    assert torch.equal(graphs("k", _double, (x + 1,))[0], (x + 1) * 2)  # captured, checked
-    assert EagerReplay.captures == 1 and graphs.replays == 0
+    assert RecordedGraph.captures == 0
+    assert torch.equal(graphs("k", _double, (x + 1,))[0], (x + 1) * 2)  # eager, captured
+    assert RecordedGraph.captures == 1 and graphs.replays == 0
+    graphs("k", _double, (x + 2,))  # replayed on new inputs and checked against eager
     out = graphs("k", _double, (x + 5,))[0]
-    assert torch.equal(out, (x + 5) * 2) and graphs.replays == 1
+    assert torch.equal(out, (x + 5) * 2) and graphs.replays == 2
     again = graphs("k", _double, (x,))[0]
     assert torch.equal(out, (x + 5) * 2), "a replay's output is a copy, not the static buffer"
     assert torch.equal(again, x * 2)
 
 
 def test_a_failed_capture_turns_the_graphs_off_in_one_line(capsys):
-    def broken(fn, inputs):
+    def broken(fn, inputs, device):
         raise RuntimeError("operation not permitted when stream is capturing\nmore")
 
     graphs = RoundGraphs(capture=broken)
@@ -421,15 +379,17 @@ def test_a_failed_capture_turns_the_graphs_off_in_one_line(capsys):
 
 
 def test_a_replay_that_differs_is_never_used(capsys):
-    class Wrong(EagerReplay):
+    class Wrong(RecordedGraph):
         def replay(self, inputs):
             return tuple(o + 1e-12 for o in super().replay(inputs))
 
     graphs = RoundGraphs(capture=Wrong)
     x = torch.ones(2, dtype=torch.float64)
     graphs("k", _double, (x,))
-    assert torch.equal(graphs("k", _double, (x,))[0], x * 2)
+    graphs("k", _double, (x,))  # captured
+    assert torch.equal(graphs("k", _double, (x + 1,))[0], (x + 1) * 2)  # checked: eager
     assert graphs.off == "a replay differed from the same round computed without it"
+    assert graphs.replays == 0
     assert torch.equal(graphs("k", _double, (x,))[0], x * 2)
     assert "CUDA graphs are off" in capsys.readouterr().err
 
@@ -451,7 +411,7 @@ def test_a_run_says_how_many_rounds_it_replayed(tmp_path):
         num_clients=6, clients_per_round=3, participation="uniform", rounds=6,
         out=str(tmp_path / "run"),
     )  # fmt: skip
-    problem.target.graphs = RoundGraphs(capture=EagerReplay)
+    problem.target.graphs = RoundGraphs(capture=RecordedGraph)
     with device_path():
         res = run(cfg, problem=problem, progress=False)
     assert res.summary["cuda_graph_replays"] == 4 and "cuda_graphs_off" not in res.summary
@@ -486,7 +446,7 @@ def test_a_deployed_clients_rounds_replay(tmp_path):
         return out
 
     eager = rounds(None)
-    graphs = RoundGraphs(capture=EagerReplay)
+    graphs = RoundGraphs(capture=RecordedGraph)
     replayed = rounds(graphs)
     assert graphs.off is None and graphs.replays == 3
     assert all(torch.equal(a, b) for a, b in zip(eager, replayed, strict=True))

@@ -126,3 +126,29 @@ def test_gaussian_w2_diag():
     assert me == pytest.approx(math.sqrt(1 + 4))
     assert w2 == pytest.approx(math.sqrt(1 + 4 + 2 * (math.sqrt(2) - 1) ** 2))
     assert math.isnan(gaussian_w2_diag(x[:1], 1.0, 1.0)[0])
+
+
+def _ece_on_the_device(probs, labels, bins=15):
+    """ECE as fedhmc computed it before: the bins summed on the probabilities' device
+    with index_add_ (atomic, in a varying order, on a GPU)."""
+    p = probs.to(torch.float64)
+    conf, pred = p.max(-1)
+    correct = (pred == labels.to(p.device)).to(torch.float64)
+    idx = (torch.ceil(conf * bins).long() - 1).clamp_(0, bins - 1)
+    acc_sum = p.new_zeros(bins).index_add_(0, idx, correct)
+    conf_sum = p.new_zeros(bins).index_add_(0, idx, conf)
+    return float((acc_sum - conf_sum).abs().sum() / p.shape[0])
+
+
+@pytest.mark.parametrize("dtype", [torch.float64, torch.float32])
+@pytest.mark.parametrize("m, c, bins", [(1, 2, 15), (1000, 10, 15), (10_000, 3, 7), (257, 2, 1)])
+def test_ece_summed_in_order_on_the_cpu_equals_the_device_sums_exactly(m, c, bins, dtype):
+    """ECE's bins are summed on the CPU in the test points' order (no atomics): on the CPU
+    that is exactly the index_add_ it replaced, bit for bit, for every size and bin count,
+    with confidences on the bins' edges too."""
+    gen = torch.Generator().manual_seed(m + c)
+    probs = torch.softmax(3 * torch.randn(m, c, generator=gen, dtype=torch.float64), -1)
+    probs[: m // 4] = torch.full((c,), 1.0 / c, dtype=torch.float64)  # on an edge for some
+    probs = probs.to(dtype)
+    labels = torch.randint(0, c, (m,), generator=gen)
+    assert ece(probs, labels, bins) == _ece_on_the_device(probs, labels, bins)
