@@ -9,6 +9,9 @@ import threading
 
 import numpy as np
 import pytest
+
+pytest.importorskip("flwr")  # (a machine with torch alone skips this module)
+
 from fedhmc_clients.app import handle
 from fedhmc_clients.compute import compute
 from fedhmc_clients.worker import WarmWorkerError, call, prepare_socket_path, serve_worker, validate
