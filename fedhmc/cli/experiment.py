@@ -95,10 +95,24 @@ def cmd_experiment(args: argparse.Namespace) -> int:
             f"--data-dir {args.data_dir}: no such folder; give the folder of the files"
         )
     out = Path(args.out or Path("runs") / f"{time.strftime('%Y%m%d-%H%M%S')}-{args.name}")
+    from fedhmc.runtime.lock import FolderLock
+
+    # One process per folder, as for run and sweep: the lock is the folder's from here on.
+    lock = FolderLock(out, "an experiment").acquire()
+    ok = False
     try:
-        out.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise ConfigError(f"--out {out} is not writable ({e.strerror}); choose another") from None
+        code = _run_experiment(args, fn, out)
+        ok = True
+        return code
+    finally:
+        lock.release(discard=not ok)  # a refused experiment leaves no empty folder
+
+
+def _run_experiment(args: argparse.Namespace, fn, out: Path) -> int:
+    """cmd_experiment's body, run while the folder's lock is held."""
+    from fedhmc.runtime.output import mark_folder
+
+    mark_folder(out)
     if args.data_dir:
         os.environ["FEDHMC_DATA"] = str(Path(args.data_dir).expanduser().resolve())
     if args.device is not None:

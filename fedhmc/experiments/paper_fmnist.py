@@ -34,6 +34,7 @@ one (marked †).
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import json
 import math
@@ -44,7 +45,7 @@ from pathlib import Path
 
 from fedhmc.experiments._common import METRICS, PROTOCOL_ORDER, write_csv
 from fedhmc.experiments._common import PAPER_FMNIST as PAPER_FMNIST_200
-from fedhmc.runtime.output import write_text_atomic
+from fedhmc.runtime.output import mark_folder, write_text_atomic
 from fedhmc.sweep.cells import FolderLock, pending_cells, run_cells
 from fedhmc.sweep.table import format_mean_std, mean_std
 
@@ -307,8 +308,12 @@ def paper_figure(
     budget = "quick" if quick else "full" if full else "reduced"
     fig = budget_figure(FIGURES[name], budget)
     out_dir = Path(out_dir)
-    (out_dir / "cells").mkdir(parents=True, exist_ok=True)
-    with FolderLock(out_dir):
+    # `fedhmc experiment` holds the folder's lock already; a call from Python takes it here.
+    held = FolderLock.held(out_dir)
+    lock = contextlib.nullcontext() if held else FolderLock(out_dir, "an experiment")
+    with lock:
+        mark_folder(out_dir)
+        (out_dir / "cells").mkdir(parents=True, exist_ok=True)
         return _paper_figure(name, out_dir, fig, budget, seed, workers, protocols, neighbour_eta)
 
 

@@ -15,13 +15,16 @@ a run started on a GPU resumes on a CPU and the other way (`to_device` moves wha
 onto the run's device). ``--device`` is the one setting besides ``--rounds`` that a resume
 may change.
 
-A run's payload (format 3; `fedhmc.runtime.engine.run_loop` writes it) holds ``round``,
+A run's payload (format 4; `fedhmc.runtime.engine.run_loop` writes it) holds ``round``,
 ``config``, ``device``, ``grad_evals``, ``wall_s``, ``totals`` (the byte and client counts),
 ``keep_draws``, ``draws`` and ``samples`` (the collected θ̄, or None), ``evaluator`` (its
-running averages) and ``backend``: the backend's own state (for the engine, the algorithm's
-State, θ̄ included), or None where the backend cannot be resumed. A format-2 checkpoint also
-holds θ̄ beside it, as ``theta_bar``: the same tensor as the backend's, so it still resumes,
-to the same numbers, and its ``theta_bar`` is left unread.
+running averages), ``backend``: the backend's own state (for the engine, the algorithm's
+State, θ̄ included), or None where the backend cannot be resumed, and ``metrics``: what
+``metrics.csv`` held at that round (its columns, number of rows, and the length and SHA-256
+of its bytes), which a resume checks the file against
+([`check_metrics_file`][fedhmc.runtime.output.check_metrics_file]). A checkpoint of an
+earlier format is still read (``fedhmc export`` and the like), but a resume of it is refused
+in one line: it records no ``metrics``.
 
 Nothing random needs saving: every random number fedhmc draws is a function of the run seed, the
 round and counters ([`fedhmc.core.rng`][fedhmc.core.rng]), so the state is the positions, the
@@ -42,11 +45,11 @@ import torch
 from fedhmc import __version__
 from fedhmc.errors import ConfigError
 
-FORMAT = 3
-"""The format `save` writes. 3: θ̄ is saved once, in the backend's state (format 2 also saved
-it beside, as ``theta_bar``); 2: the algorithm's state saved field by field
-(``state_dict``)."""
-READABLE = (2, 3)
+FORMAT = 4
+"""The format `save` writes. 4: what ``metrics.csv`` held is recorded (``metrics``); 3: θ̄
+is saved once, in the backend's state (format 2 also saved it beside, as ``theta_bar``);
+2: the algorithm's state saved field by field (``state_dict``)."""
+READABLE = (2, 3, 4)
 """The formats `load` and `peek` read."""
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"

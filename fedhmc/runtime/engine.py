@@ -31,7 +31,7 @@ from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupt
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.output import RunWriter
+from fedhmc.runtime.output import RunWriter, check_metrics_file
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
 from fedhmc.runtime.threads import apply_threads, round_work
 
@@ -225,6 +225,7 @@ def prepare_out(cfg: RunConfig) -> dict | None:
             print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
         version = state["_header"]["version"]
         checkpoint.check_resumable(state["config"], state["round"], version, cfg)
+        check_metrics_file(out, state.get("metrics"), int(state["round"]))
         return state
     holds = [n for n in ("config.json", "summary.json", "checkpoint.pt") if (out / n).exists()]
     if holds and not cfg.overwrite:
@@ -401,7 +402,8 @@ class _Run:
             self.backend.load_state_dict(saved)
             _note_extension(self.cfg, resumed)
             keep = _history_from_csv(Path(self.cfg.out) / "metrics.csv", int(resumed["round"]))
-        self.writer = RunWriter(self.cfg.out, self.columns, keep_rows=keep)
+        written = resumed["metrics"] if resumed is not None else None  # checked: prepare_out
+        self.writer = RunWriter(self.cfg.out, self.columns, written=written)
         self.writer.write_config(_config_record(self.cfg, self.evaluator))
         if resumed is not None:
             retire_export(self.cfg.out)
@@ -563,7 +565,7 @@ class _Run:
             self.writer.write_summary(self._running(r))
 
     def _payload(self, r: int) -> dict:
-        """The checkpoint of round ``r`` (`fedhmc.runtime.checkpoint`, format 3): θ̄ is
+        """The checkpoint of round ``r`` (`fedhmc.runtime.checkpoint`, format 4): θ̄ is
         in the backend's state, not beside it."""
         import numpy as np
 
@@ -580,6 +582,7 @@ class _Run:
             "samples": torch.from_numpy(np.stack(samples)) if samples else None,
             "evaluator": self.evaluator.state_dict(),
             "backend": self.backend.state_dict(),
+            "metrics": self.writer.written(),  # what a resume checks metrics.csv against
         }
 
     def _running(self, rounds_completed: int) -> dict:

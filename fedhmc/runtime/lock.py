@@ -6,6 +6,10 @@ holds it. The lock is an ``flock`` on the file, so the operating system releases
 holder ends, however it ends (``kill -9`` included); the next process takes it over and says
 so. A command that is refused before it starts removes the lock file, and the folder when
 it created it, so that nothing is left behind.
+
+The lock is taken only on a folder that is fedhmc's to write: a new or empty one, or one that
+holds fedhmc's marker (`fedhmc.runtime.output.check_out_folder`); the root folder, the
+home folder and a folder of the user's own files are refused before anything is written.
 """
 
 from __future__ import annotations
@@ -15,7 +19,7 @@ import sys
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.output import refuse_links
+from fedhmc.runtime.output import MARKER, check_out_folder, refuse_links
 
 LOCK_NAME = ".lock"
 
@@ -55,6 +59,14 @@ class FolderLock:
         that another process refused by it names the holder's work truthfully.
     """
 
+    _held: set[Path] = set()  # the folders this process holds, resolved
+
+    @classmethod
+    def held(cls, folder: str | os.PathLike) -> bool:
+        """Whether this process holds the lock on ``folder`` already (a command that locks
+        its folder calls code that would lock it too: that code takes no second lock)."""
+        return Path(folder).resolve() in cls._held
+
     def __init__(self, folder: str | os.PathLike, what: str = "a run"):
         self.folder = Path(folder)
         self.path = self.folder / LOCK_NAME
@@ -69,6 +81,7 @@ class FolderLock:
             self._made_folder = not self.folder.exists()
             self.folder.mkdir(parents=True, exist_ok=True)
             refuse_links(self.folder)  # a planted .lock (or run file) is never followed
+            check_out_folder(self.folder)  # nothing written where the user's files are
             while True:
                 f = self._open()
                 try:
@@ -110,6 +123,7 @@ class FolderLock:
         f.write(f"process {os.getpid()}\n{self.what}\n")
         f.flush()
         self._f = f
+        FolderLock._held.add(self.folder.resolve())
         return self
 
     def _open(self):
@@ -130,6 +144,7 @@ class FolderLock:
 
         if self._f is None:
             return
+        FolderLock._held.discard(self.folder.resolve())
         try:
             self.path.unlink(missing_ok=True)
         finally:
@@ -142,6 +157,8 @@ class FolderLock:
     def _forget_folder(self) -> None:
         if self._made_folder:
             try:
+                if [p.name for p in self.folder.iterdir()] == [MARKER]:
+                    (self.folder / MARKER).unlink()  # marked, then refused: nothing stays
                 self.folder.rmdir()  # only if empty
             except OSError:
                 pass

@@ -16,6 +16,7 @@ import csv
 import json
 import math
 import os
+import stat
 from pathlib import Path
 
 import numpy as np
@@ -35,8 +36,19 @@ def plain(v):
     return v
 
 
+MARKER = ".fedhmc"
+"""The file by which fedhmc knows a folder as its own: every run, sweep and experiment
+folder holds it from its first file on. A folder that holds anything else and not this
+marker is the user's, and fedhmc writes nothing into it (`check_out_folder`)."""
+
+MARKER_TEXT = (
+    "fedhmc\nfedhmc writes this folder (a run, a sweep or an experiment): --overwrite "
+    "replaces the files it wrote, and none other.\n"
+)
+
 RUN_FILES = (
     ".lock",
+    MARKER,
     "config.json",
     "metrics.csv",
     "summary.json",
@@ -78,6 +90,75 @@ def refuse_links(folder: str | os.PathLike, names=RUN_FILES) -> None:
         for path in (folder / name, folder / (name + ".tmp")):
             if path.is_symlink():
                 raise _link_refusal(path)
+
+
+def _head(path: Path, n: int) -> bytes | None:
+    """The first ``n`` bytes of the plain file ``path`` (a link is not followed), or None."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW | os.O_NONBLOCK)  # a FIFO: no wait
+    except OSError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return f.read(n) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+
+
+def _is_marker(path: Path) -> bool:
+    """Whether ``path`` is fedhmc's marker: a plain file (not a link) that says so."""
+    return _head(path, 7) == b"fedhmc\n"
+
+
+def _is_lock_file(path: Path) -> bool:
+    """Whether ``path`` is a lock file of fedhmc's form (``process N``), or one being made."""
+    text = _head(path, 8)
+    return text is not None and (text == b"" or text.startswith(b"process "))
+
+
+def foreign_files(folder: str | os.PathLike) -> list[str]:
+    """The names in ``folder`` that fedhmc did not write (sorted): none where the folder
+    holds fedhmc's `MARKER`, else every entry but a lock file of fedhmc's form."""
+    folder = Path(folder)
+    if _is_marker(folder / MARKER):
+        return []
+    from fedhmc.runtime.lock import LOCK_NAME
+
+    names = sorted(p.name for p in folder.iterdir())
+    return [n for n in names if not (n == LOCK_NAME and _is_lock_file(folder / n))]
+
+
+def check_out_folder(folder: str | os.PathLike) -> None:
+    """Refuse, in one line, an output folder that fedhmc must not write into: the root
+    folder, the user's home, or an existing folder that holds files fedhmc did not write
+    (`foreign_files`). A new or empty folder, or one fedhmc marked as its own, passes."""
+    path = Path(folder).expanduser()
+    where = path.resolve()
+    special = {Path(where.anchor): "the root folder", Path.home().resolve(): "your home folder"}
+    if where in special:
+        raise ConfigError(
+            f"--out {folder} is {special[where]}; fedhmc writes into a folder of its own: "
+            "give a new one, such as --out runs/my-run"
+        )
+    if not path.is_dir():
+        return
+    try:
+        other = foreign_files(path)
+    except OSError as e:
+        raise ConfigError(f"cannot read --out {str(folder)!r} ({e.strerror or e})") from None
+    if other:
+        shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
+        raise ConfigError(
+            f"--out {folder} holds files fedhmc did not write ({shown}) and no {MARKER} "
+            "marker of fedhmc's, so fedhmc writes nothing there (a run folder of an earlier "
+            "fedhmc lacks the marker too): choose a new or empty folder"
+        )
+
+
+def mark_folder(folder: str | os.PathLike) -> None:
+    """Write fedhmc's `MARKER` into ``folder`` (kept when it is there already)."""
+    path = Path(folder) / MARKER
+    if _is_marker(path):
+        return
+    with open_nofollow(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC) as f:
+        f.write(MARKER_TEXT.encode())
 
 
 def open_nofollow(path: str | os.PathLike, flags: int, mode: int = 0o666, binary=True):
@@ -148,14 +229,20 @@ class RunWriter:
     columns
         The metrics.csv columns after ``round`` (the evaluator's columns), followed by
         ``wall_s`` and ``grad_evals``.
+    written
+        Resuming: what the checkpoint says metrics.csv held (`written`), checked by
+        `check_metrics_file` before: the file is cut back to it, and the rows go on from
+        there (the rows a stopped run wrote after its checkpoint are dropped).
     """
 
     def __init__(
         self,
         out: str | os.PathLike,
         columns: tuple[str, ...],
-        keep_rows: list[dict] | None = None,
+        written: dict | None = None,
     ):
+        import hashlib
+
         self.out = Path(out)
         try:
             self.out.mkdir(parents=True, exist_ok=True)
@@ -168,27 +255,46 @@ class RunWriter:
                 "choose a writable directory"
             ) from None
         refuse_links(self.out)
+        mark_folder(self.out)  # the folder is fedhmc's from its first file on
         self.columns = ("round", *columns, "wall_s", "grad_evals")
         path = self.out / "metrics.csv"
-        if keep_rows is not None:
-            # Resuming: keep the rows up to the checkpoint's round, drop any after it.
-            def write(p: Path) -> None:
-                with open(p, "w", newline="") as f:
-                    w = csv.DictWriter(f, fieldnames=list(self.columns))
-                    w.writeheader()
-                    for row in keep_rows:
-                        w.writerow({k: row.get(k, "") for k in self.columns})
-
-            _atomic_write(path, write)
-            self._csv_file = open_nofollow(path, os.O_WRONLY | os.O_APPEND, binary=False)
-            self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
+        self._sha, self._bytes, self._rows = hashlib.sha256(), 0, 0
+        if written is not None:  # resuming: the rows up to the checkpoint's round, as written
+            kept = _read_prefix(path, int(written["bytes"]))
+            atomic_write(path, lambda p: p.write_bytes(kept))
+            self._csv_file = open_nofollow(path, os.O_WRONLY | os.O_APPEND)
+            self._sha.update(kept)
+            self._bytes, self._rows = len(kept), int(written["rows"])
         else:
             flags = os.O_WRONLY | os.O_CREAT | os.O_TRUNC
-            self._csv_file = open_nofollow(path, flags, binary=False)
-            self._csv = csv.DictWriter(self._csv_file, fieldnames=list(self.columns))
-            self._csv.writeheader()
-        self._csv_file.flush()
+            self._csv_file = open_nofollow(path, flags)
+            self._emit(self.columns)
+            self._rows = 0
         self.samples: list[np.ndarray] = []
+
+    def _emit(self, values) -> None:
+        """One CSV line of ``values``, appended, flushed and counted in `written`."""
+        import io
+
+        line = io.StringIO()
+        csv.writer(line).writerow(values)
+        data = line.getvalue().encode()
+        self._csv_file.write(data)
+        self._csv_file.flush()
+        self._sha.update(data)
+        self._bytes += len(data)
+        self._rows += 1
+
+    def written(self) -> dict:
+        """What metrics.csv holds so far, for the checkpoint: its columns, its number of
+        rows (the header aside), and the length and SHA-256 of its bytes. A resume checks
+        the file against it (`check_metrics_file`)."""
+        return {
+            "columns": list(self.columns),
+            "rows": self._rows,
+            "bytes": self._bytes,
+            "sha256": self._sha.hexdigest(),
+        }
 
     def write_config(self, config: dict) -> None:
         _atomic_write(
@@ -197,8 +303,7 @@ class RunWriter:
         )
 
     def write_row(self, row: dict) -> None:
-        self._csv.writerow({k: plain(row.get(k, "")) for k in self.columns})
-        self._csv_file.flush()
+        self._emit([plain(row.get(k, "")) for k in self.columns])
 
     def add_sample(self, theta_bar) -> None:
         """Keep a collected global sample, (S, D), for samples.npy."""
@@ -224,6 +329,51 @@ class RunWriter:
     def close(self) -> None:
         if not self._csv_file.closed:
             self._csv_file.close()
+
+
+def _read_prefix(path: Path, n: int) -> bytes:
+    """The first ``n`` bytes of ``path`` (a link is not followed; shorter if the file is)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
+    except OSError:
+        if path.is_symlink():
+            raise _link_refusal(path) from None
+        return b""
+    with os.fdopen(fd, "rb") as f:
+        return f.read(n)
+
+
+def check_metrics_file(out: str | os.PathLike, written: dict | None, round_: int) -> None:
+    """Refuse, in one line, to resume the run in ``out`` when its metrics.csv is not what
+    its checkpoint (of round ``round_``) says the run wrote (``written``: `RunWriter.written`):
+    its header or its rows differ, or it is shorter (emptied, deleted). Rows after the
+    checkpoint's (a run stopped between two checkpoints) are allowed: the resume drops them."""
+    import hashlib
+
+    path = Path(out) / "metrics.csv"
+    fix = "restore it, or start the run again (--overwrite)"
+    if not isinstance(written, dict) or not {"columns", "rows", "bytes", "sha256"} <= set(written):
+        raise ConfigError(
+            f"cannot resume from {str(out)!r}: its checkpoint does not record what metrics.csv "
+            "held (written by an earlier fedhmc), so a changed file would go unnoticed; start "
+            "the run again (--overwrite)"
+        )
+    data = _read_prefix(path, int(written["bytes"]))
+    header = next(csv.reader([data.partition(b"\n")[0].decode(errors="replace")]), [])
+    expected = [str(c) for c in written["columns"]]
+    if not path.exists() or not data:
+        why = "is missing" if not path.exists() else "is empty"
+    elif header != expected:
+        got, want = ",".join(header)[:120], ",".join(expected)[:120]
+        why = f"has the columns {got!r}, not the run's {want!r}"
+    elif len(data) < int(written["bytes"]) or hashlib.sha256(data).hexdigest() != written["sha256"]:
+        why = f"differs from the {int(written['rows'])} rows the run wrote"
+    else:
+        return
+    raise ConfigError(
+        f"cannot resume from {str(out)!r}: its metrics.csv {why} up to round {round_} "
+        f"(its checkpoint's); {fix}"
+    )
 
 
 def _jsonable(x):

@@ -18,6 +18,7 @@ from pathlib import Path
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted
 from fedhmc.runtime.config import RunConfig, recorded_settings
 from fedhmc.runtime.lock import FolderLock
+from fedhmc.runtime.output import mark_folder
 from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
 from fedhmc.sweep.table import build_table, write_table
 
@@ -349,6 +350,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
     if len(set(ids)) != len(ids):
         raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
     try:
+        mark_folder(out)  # the folder is fedhmc's from its first file on
         (out / "cells").mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise ConfigError(f"cannot write to --out {str(out)!r} ({e.strerror or e})") from None

@@ -40,42 +40,41 @@ def _rows(out: Path) -> list[dict]:
 def test_a_checkpoint_holds_theta_bar_once_in_the_backends_state(tmp_path):
     result = run(RunConfig(**KW, out=str(tmp_path / "r")), progress=False)
     state, _ = checkpoint.load(tmp_path / "r")
-    assert state["_header"]["format"] == checkpoint.FORMAT == 3
+    assert state["_header"]["format"] == checkpoint.FORMAT == 4
     assert "theta_bar" not in state
     assert torch.equal(state["backend"]["fields"]["position"], result.theta_bar.cpu())
 
 
-def test_a_format_2_checkpoint_resumes_to_the_same_numbers(tmp_path, monkeypatch):
-    """The earlier format saved θ̄ twice (``theta_bar`` and in ``backend``); it resumes,
-    reading θ̄ from the backend's state, to the numbers of a run never stopped."""
-    full = run(RunConfig(**KW, out=str(tmp_path / "full")), progress=False)
+@pytest.mark.parametrize("fmt", [2, 3])
+def test_a_checkpoint_of_an_earlier_format_is_read_but_not_resumed(tmp_path, monkeypatch, fmt):
+    """Formats 2 and 3 did not record what metrics.csv held: such a checkpoint still reads
+    (for ``fedhmc diagnose``), but a resume of it is refused in one line saying why, with
+    the run's files untouched."""
     cut = tmp_path / "cut"
     with pytest.raises(RunInterrupted):
         run(RunConfig(**KW, out=str(cut)), progress=False, on_round=_stop_at(3))
     state, _ = checkpoint.load(cut)
-    state = {k: v for k, v in state.items() if not k.startswith("_")}
-    old = {"round": state.pop("round"), "config": state.pop("config")}
-    old |= {"device": state.pop("device"), "theta_bar": state["backend"]["fields"]["position"]}
-    monkeypatch.setattr(checkpoint, "FORMAT", 2)
-    checkpoint.save(cut, {**old, **state})  # as fedhmc wrote it before format 3
+    state = {k: v for k, v in state.items() if not k.startswith("_") and k != "metrics"}
+    monkeypatch.setattr(checkpoint, "FORMAT", fmt)
+    checkpoint.save(cut, state)  # as fedhmc wrote it before format 4
     (cut / checkpoint.PREVIOUS).unlink(missing_ok=True)
     monkeypatch.undo()
-    assert checkpoint.peek(cut)["format"] == 2
-    resumed = run(RunConfig(**KW, out=str(cut), resume=True), progress=False)
-    assert torch.equal(resumed.theta_bar, full.theta_bar)
-    assert _rows(cut) == _rows(tmp_path / "full")
-    assert resumed.summary["resumed_from_round"] == 3
-    assert checkpoint.peek(cut)["format"] == 3  # the next checkpoint is written as now
+    assert checkpoint.load(cut)[0]["_header"]["format"] == fmt
+    before = {p.name: p.read_bytes() for p in cut.iterdir() if p.is_file()}
+    with pytest.raises(ConfigError, match="does not record what metrics.csv held") as e:
+        run(RunConfig(**KW, out=str(cut), resume=True), progress=False)
+    assert "\n" not in str(e.value)
+    assert {p.name: p.read_bytes() for p in cut.iterdir() if p.is_file()} == before
 
 
 def test_a_checkpoint_of_an_unknown_format_is_refused(tmp_path, monkeypatch):
     run(RunConfig(**{**KW, "rounds": 2}, out=str(tmp_path / "r")), progress=False)
     state, _ = checkpoint.load(tmp_path / "r")
-    monkeypatch.setattr(checkpoint, "FORMAT", 4)
+    monkeypatch.setattr(checkpoint, "FORMAT", 5)
     checkpoint.save(tmp_path / "r", {k: v for k, v in state.items() if not k.startswith("_")})
     monkeypatch.undo()
     (tmp_path / "r" / checkpoint.PREVIOUS).unlink(missing_ok=True)
-    with pytest.raises(ConfigError, match="format 4, written by another fedhmc"):
+    with pytest.raises(ConfigError, match="format 5, written by another fedhmc"):
         checkpoint.load(tmp_path / "r")
 
 

@@ -75,9 +75,7 @@ def refused(cli, run: Path, *extra) -> str:
 
 
 @pytest.mark.parametrize("backend", ["engine", "flower"])
-def test_a_folder_naming_a_module_is_refused_before_the_module_is_imported(
-    planted, cli, backend
-):
+def test_a_folder_naming_a_module_is_refused_before_the_module_is_imported(planted, cli, backend):
     run, marker = planted
     tamper(run, model="fedhmc_planted:make", model_arg="width=3", backend=backend)
     err = refused(cli, run)
@@ -119,3 +117,20 @@ def test_the_users_own_model_resumes_when_named_again(tmp_path, cli):
     code, _, err = cli("run", "--resume", run, "--rounds", "5", "--quiet", *model[:2])
     assert code == 0, err
     assert json.loads((run / "summary.json").read_text())["rounds_completed"] == 5
+
+
+def test_a_sweep_cell_folder_naming_a_module_runs_the_sweeps_own_settings(planted, cli):
+    """A sweep's cells take their settings from the sweep's command, never from a cell's
+    folder: a cell folder edited to name a module reruns with the sweep's model, and the
+    module is never imported."""
+    run, marker = planted
+    sweep = run.parent / "sweep"
+    argv = ("sweep", *RUN, "--grid", "seed=0", "--out", sweep)
+    code, _, err = cli(*argv)
+    assert code == 0, err
+    (cell,) = (sweep / "cells").iterdir()
+    tamper(cell, model="fedhmc_planted:make", model_arg="width=3")
+    code, _, err = cli(*argv)
+    assert code == 0, err
+    assert not marker.exists() and "fedhmc_planted" not in sys.modules
+    assert json.loads((cell / "config.json").read_text())["model"] == "logistic"
