@@ -217,17 +217,43 @@ RHAT_WARN = 1.01
 """R̂ above this means the chains have not mixed (Vehtari et al. 2021)."""
 ESS_PER_CHAIN_WARN = 100
 """Bulk or tail ESS below this many per chain is too few for reliable summaries."""
+RELIABLE_DRAWS = 100
+"""Draws per chain below which R̂ and ESS are too noisy to judge convergence by (Stan's rule
+of thumb: about 100 draws a chain). With fewer, a run and ``fedhmc diagnose`` say so
+instead of reporting the figures as a verdict."""
+
+
+def too_short(diag: dict) -> bool:
+    """Whether ``convergence_summary``'s result comes from chains too short to judge."""
+    return int(diag.get("draws", 0)) < RELIABLE_DRAWS
+
+
+def short_note(draws: int) -> str:
+    """Why ``draws`` draws per chain are too few to judge by R̂ and ESS, in a few words."""
+    return (
+        f"{draws} draws per chain; R-hat and ESS need about {RELIABLE_DRAWS}, so their "
+        "figures are unreliable"
+    )
 
 
 def warning(diag: dict) -> str | None:
-    """The one-line convergence warning for ``convergence_summary``'s result, or None."""
+    """The one-line convergence warning for ``convergence_summary``'s result, or None: the
+    chains are too short to judge, every parameter stayed constant, or R̂ or ESS fail."""
     m = int(diag.get("chains", 0))
     if m < 2:
         return None
+    if not math.isfinite(diag.get("rhat_max", math.nan)):
+        return (
+            "every parameter kept one value over all draws: the chains did not move, so "
+            "R-hat and ESS are undefined"
+        )
+    if too_short(diag):
+        note = short_note(int(diag["draws"]))
+        return f"the chains are too short to judge convergence ({note}); run more rounds"
     need = ESS_PER_CHAIN_WARN * m
     problems = []
-    r = diag.get("rhat_max", math.nan)
-    if math.isfinite(r) and r > RHAT_WARN:
+    r = diag["rhat_max"]
+    if r > RHAT_WARN:
         problems.append(f"R-hat {r:.3f} > {RHAT_WARN}")
     for key, name in (("ess_min", "bulk"), ("ess_tail_min", "tail")):
         e = diag.get(key, math.nan)
@@ -239,6 +265,23 @@ def warning(diag: dict) -> str | None:
         f"the chains have not converged ({'; '.join(problems)}); run more rounds or more "
         "chains before trusting the summaries (fedhmc diagnose RUN_DIR names the parameters)"
     )
+
+
+def summary_rows(diag: dict) -> list[tuple[str, str]]:
+    """The rows of the end-of-run table on R̂ and ESS: their figures, or, for chains too
+    short to judge, one row that says so."""
+    if too_short(diag):
+        n = int(diag["draws"])
+        return [
+            (
+                "R-hat, ESS",
+                f"not shown: unreliable with {n} draws per chain (need ~{RELIABLE_DRAWS})",
+            )
+        ]
+    return [
+        ("R-hat max", f"{diag['rhat_max']:.3f} (split, across chains)"),
+        ("ESS min", f"{diag['ess_min']:.1f} (median {diag['ess_median']:.1f})"),
+    ]
 
 
 def ess_basic(draws: ArrayLike) -> np.ndarray:
@@ -265,7 +308,9 @@ def convergence_summary(samples: ArrayLike) -> dict:
     -------
     dict
         ``rhat_max`` (largest rank-normalised split R̂), ``ess_min`` and ``ess_median``
-        (bulk ESS over coordinates), ``draws`` (n) and ``chains`` (m). Constant
+        (bulk ESS over coordinates), ``ess_tail_min`` (smallest tail ESS), ``draws`` (n)
+        and ``chains`` (m). With fewer than `RELIABLE_DRAWS` draws per chain the figures
+        are too noisy to judge convergence by (`too_short`). Constant
         coordinates (NaN R̂) are ignored; all-constant draws give NaN.
     """
     a = _as_draws(samples)
@@ -278,6 +323,7 @@ def convergence_summary(samples: ArrayLike) -> dict:
             "rhat_max": math.nan,
             "ess_min": math.nan,
             "ess_median": math.nan,
+            "ess_tail_min": math.nan,
             "draws": int(a.shape[0]),
             "chains": int(a.shape[1]),
         }

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -111,7 +112,7 @@ def parameter_names(run: Path, dim: int) -> list[str]:
 
 
 def cmd_diagnose(args) -> int:
-    from fedhmc.analysis.diagnostics import convergence_summary, per_parameter, warning
+    from fedhmc.analysis import diagnostics as dg
 
     run = Path(args.run_dir)
     if not (run / "config.json").is_file():
@@ -120,16 +121,40 @@ def cmd_diagnose(args) -> int:
         raise ConfigError(f"--top must be ≥ 1, got {args.top}")
     draws = load_draws(run)
     check_enough(run, draws)
+    diag = dg.convergence_summary(draws)
+    head = f"{run}: {draws.shape[0]} draws × {draws.shape[1]} chains, {draws.shape[2]} parameters"
+    if not math.isfinite(diag["rhat_max"]):  # every parameter constant: nothing to rank
+        print(f"{head}; warning: {dg.warning(diag)}")
+        return 0
+    if dg.too_short(diag):
+        print(
+            f"{head}; R-hat and ESS need about {dg.RELIABLE_DRAWS} draws per chain, so the "
+            "figures below are unreliable and only rank the parameters"
+        )
+    else:
+        print(
+            f"{head}; R-hat max {diag['rhat_max']:.3f}, bulk ESS min {diag['ess_min']:.0f}, "
+            f"tail ESS min {diag['ess_tail_min']:.0f}"
+        )
+    print_worst(run, draws, args.top)
+    text = dg.warning(diag)
+    if text and dg.too_short(diag):
+        more = _rounds_for(run, dg.RELIABLE_DRAWS)
+        if more is not None:
+            text += f": fedhmc run --resume {run} --rounds {more}"
+    if text:
+        print(f"warning: {text}")
+    return 0
+
+
+def print_worst(run: Path, draws: np.ndarray, top: int) -> None:
+    """The table of the ``top`` parameters of highest R̂, with their bulk and tail ESS."""
+    from fedhmc.analysis.diagnostics import per_parameter
+
     stats = per_parameter(draws)
     names = parameter_names(run, draws.shape[2])
     rhat = np.where(np.isfinite(stats["rhat"]), stats["rhat"], -np.inf)
-    order = np.argsort(-rhat, kind="stable")[: args.top]
-    diag = convergence_summary(draws)
-    print(
-        f"{run}: {draws.shape[0]} draws × {draws.shape[1]} chains, {draws.shape[2]} parameters; "
-        f"R-hat max {diag['rhat_max']:.3f}, bulk ESS min {diag['ess_min']:.0f}, "
-        f"tail ESS min {diag['ess_tail_min']:.0f}"
-    )
+    order = np.argsort(-rhat, kind="stable")[:top]
     width = max(len("parameter"), *(len(names[i]) for i in order))
     print(f"  {'parameter':<{width}}  {'R-hat':>7}  {'bulk ESS':>9}  {'tail ESS':>9}")
     for i in order:
@@ -137,7 +162,3 @@ def cmd_diagnose(args) -> int:
             f"  {names[i]:<{width}}  {stats['rhat'][i]:7.3f}  {stats['ess_bulk'][i]:9.0f}  "
             f"{stats['ess_tail'][i]:9.0f}"
         )
-    text = warning(diag)
-    if text:
-        print(f"warning: {text}")
-    return 0

@@ -116,8 +116,9 @@ def print_final_table(result) -> None:
     ]
     diag = s.get("diagnostics")
     if diag:
-        rows.insert(-1, ("R-hat max", f"{diag['rhat_max']:.3f} (split, across chains)"))
-        rows.insert(-1, ("ESS min", f"{diag['ess_min']:.1f} (median {diag['ess_median']:.1f})"))
+        from fedhmc.analysis.diagnostics import summary_rows
+
+        rows[-1:-1] = summary_rows(diag)
     width = max(len(k) for k, _ in rows)
     print(f"fedhmc run: {result.config.headline()}")
     for k, v in rows:

@@ -156,10 +156,10 @@ class MLP:
         widths = (num_features, *hidden, num_classes)
         layers: list[torch.nn.Module] = []
         for i in range(len(widths) - 1):
-            layers.append(torch.nn.Linear(widths[i], widths[i + 1]))
+            layers.append(torch.nn.Linear(widths[i], widths[i + 1], device="meta"))
             if i < len(widths) - 2:
                 layers.append(torch.nn.ReLU())
-        self.net = torch.nn.Sequential(*layers).to("meta")
+        self.net = torch.nn.Sequential(*layers)  # on "meta": shapes only, no draws
         self.shapes = {k: tuple(v.shape) for k, v in self.net.state_dict().items()}
         self.dim = sum(math.prod(s) for s in self.shapes.values())
         self._grad = vmap(grad_and_value(self._row_loss))

@@ -65,8 +65,16 @@ def run_config(
     chooses for ``"auto"`` from the size of a gradient evaluation; other backends take a
     number for the process they run in and leave ``"auto"`` to their workers.
     ``on_round`` is called with each round's metrics row; ``problem``, a prebuilt problem,
-    is the engine's only (`fedhmc.runtime.engine.run`).
+    is the engine's only (`fedhmc.runtime.engine.run`). torch's thread count is the
+    caller's again when the run returns (or raises).
     """
+    from fedhmc.runtime.threads import threads_restored
+
+    with threads_restored():  # the caller's process keeps its own thread count
+        return _run_backend(cfg, problem, progress, on_round, threads)
+
+
+def _run_backend(cfg: RunConfig, problem, progress: bool, on_round, threads):
     module, name = RUNNERS[cfg.backend]
     fn = getattr(importlib.import_module(module), name)
     if cfg.backend == "engine":

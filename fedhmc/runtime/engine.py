@@ -33,7 +33,7 @@ from fedhmc.runtime.backends import prepare  # also engine.prepare, for older im
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import RunWriter, check_metrics_file
 from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
-from fedhmc.runtime.threads import apply_threads, round_work
+from fedhmc.runtime.threads import apply_threads, round_work, threads_restored
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
@@ -861,23 +861,25 @@ def run(
         torch's intra-op threads for the run: a number, or ``"auto"`` (one thread for small
         gradient evaluations, every core for large ones: `fedhmc.runtime.threads`). None
         (the default) chooses as ``fedhmc run`` does: ``auto``, unless the command line's
-        ``--threads`` set another for its process.
+        ``--threads`` set another for its process. The caller's thread count is restored
+        when the run returns.
     """
     cfg = _engine_config(cfg)
     device = torch.device(cfg.device)
     if problem is None:
         problem = build_problem(cfg, device=device)
-    apply_threads(threads, round_work(problem.target, cfg))
-    return run_loop(
-        cfg,
-        problem.evaluator,
-        EngineBackend(cfg, problem, device),
-        dim=problem.dim,
-        num_clients=problem.target.num_clients,
-        description=problem.description,
-        progress=progress,
-        on_round=on_round,
-    )
+    with threads_restored():  # the run's threads for the run only
+        apply_threads(threads, round_work(problem.target, cfg))
+        return run_loop(
+            cfg,
+            problem.evaluator,
+            EngineBackend(cfg, problem, device),
+            dim=problem.dim,
+            num_clients=problem.target.num_clients,
+            description=problem.description,
+            progress=progress,
+            on_round=on_round,
+        )
 
 
 def _engine_config(cfg: RunConfig) -> RunConfig:

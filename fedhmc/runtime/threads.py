@@ -15,6 +15,7 @@ the same way; a number given to any of them is used as it is.
 
 from __future__ import annotations
 
+import contextlib
 import os
 
 from fedhmc.errors import ConfigError
@@ -94,3 +95,19 @@ def apply_threads(threads: int | str | None, work: int) -> int:
         threads = auto_threads(work)
     torch.set_num_threads(int(threads))
     return torch.get_num_threads()
+
+
+@contextlib.contextmanager
+def threads_restored():
+    """Run the body, then give torch back the intra-op thread count it had before:
+    ``fedhmc.run`` and ``engine.run`` set the count for their run only, and leave the
+    caller's process as they found it (the one torch setting a run changes; its random
+    state is saved and restored wherever a run seeds torch's global generator)."""
+    import torch
+
+    before = torch.get_num_threads()
+    try:
+        yield
+    finally:
+        if torch.get_num_threads() != before:
+            torch.set_num_threads(before)

@@ -127,17 +127,61 @@ def test_convergence_warning_speaks_up_only_when_it_should():
     assert warning(convergence_summary(g.normal(size=(400, 1, 3)).cumsum(0))) is None  # one chain
 
 
-def test_a_run_that_has_not_mixed_says_so_and_diagnose_names_the_parameters(tmp_path, capsys):
+def test_short_chains_are_too_short_to_judge_not_unconverged():
+    from fedhmc.analysis.diagnostics import RELIABLE_DRAWS, summary_rows, warning
+
+    g = np.random.default_rng(1)
+    short = convergence_summary(g.normal(size=(RELIABLE_DRAWS - 1, 4, 3)).cumsum(0))
+    text = warning(short)
+    assert text.startswith("the chains are too short to judge convergence") and "\n" not in text
+    assert f"{RELIABLE_DRAWS - 1} draws per chain" in text and "unreliable" in text
+    assert "not converged" not in text and "R-hat 1." not in text  # no bare figures
+    assert summary_rows(short) == [
+        (
+            "R-hat, ESS",
+            f"not shown: unreliable with {RELIABLE_DRAWS - 1} draws per chain (need ~100)",
+        )
+    ]
+    enough = convergence_summary(g.normal(size=(RELIABLE_DRAWS, 4, 3)))
+    assert [k for k, _ in summary_rows(enough)] == ["R-hat max", "ESS min"]
+    assert "too short" not in (warning(enough) or "")
+
+
+def test_constant_draws_have_no_figures_and_say_so():
+    from fedhmc.analysis.diagnostics import warning
+
+    diag = convergence_summary(np.ones((200, 3, 4)))
+    assert math.isnan(diag["rhat_max"]) and math.isnan(diag["ess_tail_min"])
+    assert "did not move" in warning(diag)
+
+
+def _diagnose(out, capsys, *extra) -> list[str]:
+    from fedhmc.cli.main import main
+
+    capsys.readouterr()
+    assert main(["diagnose", str(out), *extra]) == 0
+    return capsys.readouterr().out.splitlines()
+
+
+def test_a_short_run_says_it_is_too_short_and_diagnose_names_the_parameters(tmp_path, capsys):
     from fedhmc.cli.main import main
 
     out = tmp_path / "r"
     argv = ["run", "--chains", "4", "--rounds", "12", "--local-steps", "1", "--quiet"]
-    assert main([*argv, "--out", str(out)]) == 0
+    assert main([*argv, "--out", str(out), "--save-samples"]) == 0
     err = capsys.readouterr().err
-    assert "warning: the chains have not converged" in err
+    assert "warning: the chains are too short to judge convergence" in err
     summary = json.loads((out / "summary.json").read_text())
-    assert "R-hat" in summary["convergence_warning"]
-    assert main(["diagnose", str(out), "--top", "3"]) == 0
-    lines = capsys.readouterr().out.splitlines()
+    assert "draws per chain; R-hat and ESS need about 100" in summary["convergence_warning"]
+    lines = _diagnose(out, capsys, "--top", "3")
+    assert "figures below are unreliable" in lines[0] and "R-hat max" not in lines[0]
     assert "parameter" in lines[1] and len(lines) == 2 + 3 + 1
     assert lines[2].split()[0].startswith(("weight[", "bias["))
+    # The last line says how to get enough draws, with the command.
+    assert lines[-1].startswith("warning: the chains are too short")
+    assert f"fedhmc run --resume {out} --rounds " in lines[-1]
+    # Constant draws: one line, no traceback (they once raised KeyError: 'ess_tail_min').
+    draws = np.load(out / "samples.npy")
+    np.save(out / "samples.npy", np.ones_like(draws))
+    lines = _diagnose(out, capsys)
+    assert len(lines) == 1 and "the chains did not move" in lines[0]

@@ -82,3 +82,43 @@ def test_default_threads_is_auto_and_the_command_line_can_change_it():
         assert default_threads() == "auto"
     finally:
         torch.set_num_threads(old)
+
+
+@pytest.mark.parametrize("threads", ["auto", 2, None])
+def test_fedhmc_run_leaves_the_callers_threads_as_they_were(tmp_path, threads):
+    """`fedhmc.run` sets torch's threads for its run only: the caller's count (3 here, which
+    no choice of the run gives on digits) is back when it returns, and so is torch's
+    global random state."""
+    import fedhmc
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        rng = torch.get_rng_state()
+        cfg = fedhmc.RunConfig(rounds=2, model="mlp", out=str(tmp_path / "r"))
+        res = fedhmc.run(cfg, progress=False, threads=threads)
+        assert res.summary["threads"] == (2 if threads == 2 else 1)
+        assert torch.get_num_threads() == 3
+        assert torch.equal(torch.get_rng_state(), rng)
+    finally:
+        torch.set_num_threads(old)
+
+
+def test_a_backend_that_raises_leaves_the_callers_threads_too(monkeypatch):
+    from fedhmc.runtime import backends
+    from fedhmc.runtime.config import RunConfig
+
+    def fails(cfg, progress=True, on_round=None):
+        torch.set_num_threads(1)  # what a backend's own choice does
+        raise RuntimeError("the backend failed")
+
+    monkeypatch.setitem(backends.RUNNERS, "flower", (__name__, "_failing_backend"))
+    monkeypatch.setitem(globals(), "_failing_backend", fails)
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(3)
+        with pytest.raises(RuntimeError, match="the backend failed"):
+            backends.run_config(RunConfig(backend="flower"), progress=False, threads=2)
+        assert torch.get_num_threads() == 3
+    finally:
+        torch.set_num_threads(old)
