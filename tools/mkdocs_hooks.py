@@ -8,11 +8,15 @@ section comments of the class body (``# Sampler``, ``# Run``, ...). The table is
 the code at every build, so it cannot drift from the options that exist.
 
 The command-line page is made the same way from the ``argparse`` parsers of ``fedhmc``
-(``fedhmc.cli.main.build_parser``): ``<!-- cli-commands -->`` becomes the table of the
-subcommands, and ``<!-- cli-options: NAME -->`` the options of ``fedhmc NAME``, one table
-per group of its ``--help``. A subcommand's option that means the same as ``fedhmc run``'s
-(the same help) is named in one line instead of a second row. A page that has the commands
-table but no ``cli-options`` line for one of the commands fails the (strict) build.
+(``fedhmc.cli.main.build_parser``): ``<!-- cli-commands -->`` is followed by the table of
+the subcommands, and ``<!-- cli-options: NAME -->`` by the options of ``fedhmc NAME``, one
+table per group of its ``--help``, each block up to its end line (``<!-- /cli-commands -->``,
+``<!-- /cli-options -->``). A subcommand's option that means the same as ``fedhmc run``'s
+(the same help) is named in one line instead of a second row. The page is committed with
+its tables written out, so that it reads whole as a file; ``python tools/mkdocs_hooks.py
+--write-cli`` writes them anew after an option changes (tests/unit/test_cli_page.py fails
+until it is run), and the build writes them anew too. A page that has the commands table
+but no ``cli-options`` line for one of the commands fails the (strict) build.
 
 The tables that the paper experiments write (``results/paper-*/paper_*.md``) and the
 benchmark reports get the whole width of the window, results tables whose cells hold a
@@ -205,10 +209,22 @@ def cli_options_table(name: str) -> str:
     return "\n".join(lines).strip("\n") + "\n"
 
 
+# A marker line and, when the page has been written out, its generated block up to its end
+# line (a block holds no other marker).
+CLI_BLOCK = re.compile(
+    r"^<!-- (cli-(commands)|cli-(options): ([a-z-]+)) -->$"
+    r"(?:\n(?:(?!<!-- cli-).)*?^<!-- /cli-(?:commands|options) -->$)?",
+    re.M | re.S,
+)
+CLI_PAGE = "docs/cli.md"
+WRITE_CLI = "python tools/mkdocs_hooks.py --write-cli"
+"""The command that writes the command-line page's tables anew (from the repository root)."""
+
+
 def expand_cli(markdown: str) -> tuple[str, list[str]]:
-    """The page with its ``cli-commands`` and ``cli-options`` lines expanded, and the
-    problems: a line naming no command, or (on the page with the commands table) a command
-    without its options line."""
+    """The page with the block after each ``cli-commands`` and ``cli-options`` line written
+    anew from the parsers, and the problems: a line naming no command, or (on the page with
+    the commands table) a command without its options line."""
     problems: list[str] = []
     commands = cli_commands()
     named = CLI_OPTIONS.findall(markdown)
@@ -219,12 +235,29 @@ def expand_cli(markdown: str) -> tuple[str, list[str]]:
         for name in commands:
             if name not in named:
                 problems.append(f"fedhmc {name} has no <!-- cli-options: {name} --> line")
-        markdown = markdown.replace(CLI_COMMANDS, cli_commands_table())
 
-    def table(m: re.Match) -> str:
-        return cli_options_table(m.group(1)) if m.group(1) in commands else m.group(0)
+    def block(m: re.Match) -> str:
+        marker, kind, name = m.group(1), m.group(2) or m.group(3), m.group(4)
+        if kind == "options" and name not in commands:
+            return m.group(0)
+        table = cli_commands_table() if kind == "commands" else cli_options_table(name)
+        return f"<!-- {marker} -->\n\n{table}\n<!-- /cli-{kind} -->"
 
-    return CLI_OPTIONS.sub(table, markdown), problems
+    return CLI_BLOCK.sub(block, markdown), problems
+
+
+def write_cli_page(root: str = ".") -> bool:
+    """Write the command-line page's tables anew; whether the page changed."""
+    from pathlib import Path
+
+    page = Path(root) / CLI_PAGE
+    text = page.read_text(encoding="utf-8")
+    new, problems = expand_cli(text)
+    for problem in problems:
+        print(f"{CLI_PAGE}: {problem}")
+    if new != text:
+        page.write_text(new, encoding="utf-8")
+    return new != text
 
 
 # Pages written by programs, as they are: the tables of the paper experiments
@@ -285,3 +318,13 @@ def on_page_content(html_text: str, page, config, files) -> str:  # noqa: ARG001
     """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line,
     and every table keeps names and short values whole."""
     return _TABLE.sub(lambda m: _table(m.group(0)), html_text)
+
+
+if __name__ == "__main__":  # python tools/mkdocs_hooks.py --write-cli
+    import sys
+    from pathlib import Path
+
+    if sys.argv[1:] != ["--write-cli"]:
+        sys.exit(f"usage: {WRITE_CLI}  (writes the tables of {CLI_PAGE} anew)")
+    changed = write_cli_page(str(Path(__file__).resolve().parents[1]))
+    print(f"{CLI_PAGE}: {'written anew' if changed else 'already current'}")

@@ -1,14 +1,16 @@
 """The command-line page (docs/cli.md) names every subcommand and every option of it.
 
 Its option tables are made from ``fedhmc``'s argparse parsers by the site's hooks
-(tools/mkdocs_hooks.py); these checks expand the page as the build does (no mkdocs needed)
-and look, in each ``## `fedhmc NAME``` section, for every option of ``fedhmc NAME``. The
-built page is checked too, in tests/integration/test_site.py.
+(tools/mkdocs_hooks.py) and committed written out, so that the file reads whole; these
+checks make the tables as the build does (no mkdocs needed), check that the committed page
+holds them as they are today, and look, in each ``## `fedhmc NAME``` section, for every
+option of ``fedhmc NAME``. The built page is checked too, in tests/integration/test_site.py.
 """
 
 from __future__ import annotations
 
 import argparse
+import difflib
 import importlib.util
 import re
 from pathlib import Path
@@ -72,11 +74,54 @@ def missing(markdown: str) -> list[str]:
     return out
 
 
+def stale(hooks, text: str) -> str | None:
+    """What a developer reads when ``text`` (the page) does not hold today's tables: the
+    command that writes them anew, and the first lines of the difference; None if current."""
+    fresh, _ = hooks.expand_cli(text)
+    if fresh == text:
+        return None
+    diff = difflib.unified_diff(
+        text.splitlines(), fresh.splitlines(), "docs/cli.md", "today's options", lineterm=""
+    )
+    return (
+        f"docs/cli.md is out of date with fedhmc's options; write its tables anew with\n\n"
+        f"    {hooks.WRITE_CLI}\n\nand commit it. The difference:\n" + "\n".join(list(diff)[:30])
+    )
+
+
+def test_the_committed_page_holds_todays_tables(hooks):
+    text = PAGE.read_text(encoding="utf-8")
+    assert "| option | meaning |" in text and "<!-- /cli-options -->" in text
+    problem = stale(hooks, text)
+    assert problem is None, problem
+
+
+def test_a_page_out_of_date_fails_with_the_command_that_writes_it(hooks):
+    text = PAGE.read_text(encoding="utf-8")
+    old_help = text.replace("no progress bar or final table", "no progress bar")
+    bare = hooks.CLI_BLOCK.sub(lambda m: f"<!-- {m.group(1)} -->", text)  # markers only
+    for page in (old_help, bare):
+        problem = stale(hooks, page)
+        assert problem and "python tools/mkdocs_hooks.py --write-cli" in problem
+    assert hooks.expand_cli(bare)[0] == text  # writing the tables makes it current
+
+
+def test_write_cli_writes_the_page_and_then_finds_it_current(hooks, tmp_path):
+    page = tmp_path / "docs" / "cli.md"
+    page.parent.mkdir()
+    text = PAGE.read_text(encoding="utf-8")
+    page.write_text(text.replace("no progress bar or final table", "no bar"), encoding="utf-8")
+    assert hooks.write_cli_page(str(tmp_path)) is True
+    assert page.read_text(encoding="utf-8") == text
+    assert hooks.write_cli_page(str(tmp_path)) is False
+
+
 def test_the_page_names_every_command_and_option(hooks):
     page, problems = hooks.expand_cli(PAGE.read_text(encoding="utf-8"))
     assert problems == []
     assert missing(page) == []
-    assert "<!-- cli-" not in page  # every marker expanded
+    for marker in hooks.CLI_BLOCK.finditer(page):  # every marker has its table
+        assert marker.group(0).endswith(("<!-- /cli-commands -->", "<!-- /cli-options -->"))
     # The options the page once lacked, and those it must keep.
     run = sections(page)["run"]
     for flag in (
@@ -106,7 +151,12 @@ def test_the_check_finds_a_missing_option_and_a_missing_section(hooks):
 
 
 def test_a_command_without_its_options_line_is_a_build_problem(hooks):
-    text = PAGE.read_text(encoding="utf-8").replace("<!-- cli-options: diagnose -->", "")
+    text = re.sub(
+        r"<!-- cli-options: diagnose -->.*?<!-- /cli-options -->",
+        "",
+        PAGE.read_text(encoding="utf-8"),
+        flags=re.S,
+    )
     _, problems = hooks.expand_cli(text)
     assert problems == ["fedhmc diagnose has no <!-- cli-options: diagnose --> line"]
     _, problems = hooks.expand_cli(text + "\n<!-- cli-options: nope -->\n")
