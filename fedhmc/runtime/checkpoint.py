@@ -264,8 +264,10 @@ def refuse_named_code(run_dir, saved: dict, given: dict) -> None:
     dataset read from pickles (``PICKLED_DATASETS``) out of a recorded ``--data-dir`` needs
     that ``--data-dir`` again. A ``--model`` given that is not the run's is refused here too,
     before it is imported."""
-    from fedhmc.runtime.config import MODELS
+    from fedhmc.runtime.config import IN_MEMORY, MODELS
 
+    if saved.get("dataset") == IN_MEMORY:
+        return  # resumed from Python only, with its data and model: resolving says so
     model = saved.get("model")  # None: the run had no model (a closed-form target)
     model = model if isinstance(model, str) or model is None else repr(model)
     user_code = model is not None and model not in MODELS and not model.startswith("<in-")
