@@ -13,19 +13,21 @@ from fedhmc.runtime.threads import parse_threads
 
 def check_resume(run_dir: str, cfg, given: dict) -> None:
     """The refusals of a resume, before anything is printed or run: the folder in use by
-    another process, no readable checkpoint, or a checkpoint of another configuration
-    (named as the user's own option when given, else as the folder's)."""
+    another process, no readable checkpoint, a checkpoint of another configuration
+    (named as the user's own option when given, else as the folder's), or a metrics.csv
+    that is not what the checkpoint says the run wrote."""
     from fedhmc.runtime import checkpoint
     from fedhmc.runtime.lock import FolderLock
+    from fedhmc.runtime.output import check_metrics_file
 
     FolderLock(run_dir).acquire().release()  # in use: refused now, in one line
     header = checkpoint.peek(run_dir)
-    if header is not None and isinstance(header.get("config"), dict):
-        saved, reached, version = header["config"], header["round"], header["version"]
-    else:  # a checkpoint without its config in the header: read it whole
-        state, _ = checkpoint.load(run_dir)
-        saved, reached, version = state["config"], state["round"], state["_header"]["version"]
+    if header is None or not isinstance(header.get("config"), dict):
+        header, _ = checkpoint.load(run_dir)  # no config in the header: read it whole
+        header = {**header, "version": header["_header"]["version"]}
+    saved, reached, version = header["config"], header["round"], header["version"]
     checkpoint.check_resumable(saved, reached, version, cfg, given)
+    check_metrics_file(run_dir, header.get("metrics"), int(reached))
 
 
 def _out_of_memory(cfg, exc: BaseException) -> ConfigError:

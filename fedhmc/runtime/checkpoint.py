@@ -110,8 +110,9 @@ def save(run_dir: str | os.PathLike, state: dict) -> Path:
         "bytes": len(payload),
         "sha256": hashlib.sha256(payload).hexdigest(),
     }
-    if isinstance(state.get("config"), dict):  # read alone by `peek`, before a resume
-        header["config"] = state["config"]
+    for key in ("config", "metrics"):  # read alone by `peek`, before a resume
+        if isinstance(state.get(key), dict):
+            header[key] = state[key]
     tmp = run_dir / (NAME + ".tmp")
     with open_private(tmp) as f:
         f.write(json.dumps(header, default=str).encode() + b"\n")
@@ -188,8 +189,9 @@ def _read(path: Path) -> dict:
 def peek(run_dir: str | os.PathLike) -> dict | None:
     """The header of the newest checkpoint of ``run_dir`` whose first line is one (its
     payload unread and unchecked: `load` checks it), or None. A header holds ``round``,
-    ``version`` and, from checkpoints written by this fedhmc on, the run's ``config``:
-    what a resume is checked against before the run starts."""
+    ``version`` and, from checkpoints written by this fedhmc on, the run's ``config`` and
+    what its ``metrics.csv`` held (``metrics``): what a resume is checked against before the
+    run starts (and again, from the checked payload, when it starts)."""
     from fedhmc.runtime.output import refuse_links
 
     run_dir = Path(run_dir)

@@ -59,9 +59,14 @@ def test_the_home_folder_is_refused(tmp_path, cli, monkeypatch):
 
 
 def test_the_root_folder_is_refused():
-    with pytest.raises(ConfigError, match="is the root folder"):
-        FolderLock("/").acquire()
-    assert not Path("/.lock").exists()
+    had = Path("/.lock").exists()
+    lock = FolderLock("/")
+    try:
+        with pytest.raises(ConfigError, match="is the root folder"):
+            lock.acquire()
+    finally:
+        lock.release()  # (should it have been taken)
+    assert Path("/.lock").exists() == had
 
 
 def test_overwrite_removes_only_fedhmcs_own_files(tmp_path, cli):
