@@ -46,7 +46,11 @@ from fedhmc.errors import ConfigError
 
 ROOT = Path(__file__).resolve().parent.parent
 TEST_FILE = "tests/gpu/test_same_chain.py"
-GPU_TESTS = ("tests/gpu", "tests/unit/test_device_resume.py", "tests/integration/test_flower_gpu.py")
+GPU_TESTS = (
+    "tests/gpu",
+    "tests/unit/test_device_resume.py",
+    "tests/integration/test_flower_gpu.py",
+)
 """Where the tests marked ``gpu`` are (the Flower ones skip themselves without Flower)."""
 SMOKE_TESTS = (
     f"{TEST_FILE}::test_float64_run_equals_cpu[fahmc-logistic]",
