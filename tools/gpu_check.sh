@@ -37,7 +37,8 @@ mkdir -p /tmp/fedhmc-pp
 for d in datasets server clients; do ln -sfn "$root/$d" "/tmp/fedhmc-pp/fedhmc_$d"; done
 export PYTHONPATH="/tmp/fedhmc-pp:$root:/tmp/site${PYTHONPATH:+:$PYTHONPATH}"
 if ls .gpu-whl/*.whl >/dev/null 2>&1; then
-  "$py" -m pip install -q --no-index --no-deps --target /tmp/site .gpu-whl/*.whl
+  "$py" -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .gpu-whl/*.whl \
+    || echo "note: the wheels in .gpu-whl did not install; going on with what is here" >&2
 fi
 if ls .gpu-data/*.gz >/dev/null 2>&1; then
   export FEDHMC_DATA="$root/.gpu-data"
