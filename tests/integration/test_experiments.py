@@ -101,10 +101,12 @@ def test_missing_data_is_one_line_naming_the_data_dir(tmp_path, capsys, monkeypa
     monkeypatch.delenv("FEDHMC_DATA", raising=False)
     where = tmp_path / "empty"  # a folder without the files
     where.mkdir()
-    args = ["experiment", "kmnist", "--quick", "--data-dir", str(where), "--out", str(tmp_path)]
+    exp = tmp_path / "exp"
+    args = ["experiment", "kmnist", "--quick", "--data-dir", str(where), "--out", str(exp)]
     assert main(args) == 2
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and str(where) in err[0] and "--download" in err[0]
+    assert not exp.exists()  # refused: the folder it made, and its marker, are gone
     # A folder that does not exist is named as such, before anything is written.
     out = tmp_path / "out"
     args = [
