@@ -214,7 +214,9 @@ def prepare_out(cfg: RunConfig) -> dict | None:
     """Check ``--out`` before a run and, with ``--resume``, load its checkpoint.
 
     A directory that holds another run is refused unless ``--resume`` (continue it) or
-    ``--overwrite`` (replace it) is given, so that no folder ever mixes two runs.
+    ``--overwrite`` (replace it) is given, so that no folder ever mixes two runs;
+    ``--overwrite`` removes the files fedhmc wrote there and no other. A resume's checkpoint
+    must be this run's, and its metrics.csv what the checkpoint says the run wrote.
     """
     from fedhmc.runtime import checkpoint
 
@@ -240,11 +242,15 @@ def prepare_out(cfg: RunConfig) -> dict | None:
             f"--resume {cfg.out}, replace it with --overwrite, or choose another --out"
         )
     if holds:
+        # The folder is fedhmc's (its lock checked the marker): the earlier run's files go,
+        # and any other file stays. config.json and metrics.csv are written anew.
         for name in (
             "checkpoint.pt",
             "checkpoint.prev.pt",
             "samples.npy",
             "summary.json",
+            "staleness.csv",
+            "workers.csv",
             EXPORT,
             OUTDATED_EXPORT,
         ):

@@ -146,7 +146,7 @@ def check_out_folder(folder: str | os.PathLike) -> None:
     if other:
         shown = ", ".join(other[:3]) + (f" and {len(other) - 3} more" if len(other) > 3 else "")
         raise ConfigError(
-            f"--out {folder} holds files fedhmc did not write ({shown}) and no {MARKER} "
+            f"{folder} holds files fedhmc did not write ({shown}) and no {MARKER} "
             "marker of fedhmc's, so fedhmc writes nothing there (a run folder of an earlier "
             "fedhmc lacks the marker too): choose a new or empty folder"
         )

@@ -76,10 +76,12 @@ def test_overwrite_removes_only_fedhmcs_own_files(tmp_path, cli):
     )
     assert (out / MARKER).is_file() and (out / "samples.npy").exists()
     (out / "notes.txt").write_text("mine\n")
+    (out / "workers.csv").write_text("worker\n0\n")  # as an asynchronous run leaves it
     code, _, err = cli("run", *RUN, "--rounds", "3", "--out", out, "--overwrite")
     assert code == 0, err
     assert (out / "notes.txt").read_text() == "mine\n"
-    assert not (out / "samples.npy").exists()  # the earlier run's draws went with it
+    assert not (out / "samples.npy").exists()  # the earlier run's files went
+    assert not (out / "workers.csv").exists()
     assert sorted(files(out)) == sorted(
         ["notes.txt", MARKER, "config.json", "metrics.csv", "summary.json", "checkpoint.pt"]
     )
