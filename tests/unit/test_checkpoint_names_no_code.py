@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 import pytest
+from planted_module import planted_module
 
 from fedhmc.algorithms import fahmc
 from fedhmc.cli import main
@@ -33,13 +34,8 @@ def planted(tmp_path, monkeypatch):
     """A finished 3-round run, and an importable module that leaves a file when imported."""
     run = tmp_path / "run"
     assert main(["run", "--rounds", "3", "--chains", "2", "--quiet", "--out", str(run)]) == 0
-    marker = tmp_path / "side-effect"
-    pkg = tmp_path / "site"
-    pkg.mkdir()
-    (pkg / "fedhmc_planted.py").write_text(EVIL.format(marker=str(marker)))
-    monkeypatch.syspath_prepend(str(pkg))
-    yield run, marker
-    sys.modules.pop("fedhmc_planted", None)
+    with planted_module(tmp_path, monkeypatch, EVIL) as marker:
+        yield run, marker
 
 
 def _tamper(run, edit) -> None:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from planted_module import planted_module
 
 RUN = ["--dataset", "breast-cancer", "--num-clients", "3", "--rounds", "3", "--local-steps",
        "1", "--leapfrog-steps", "2", "--quiet"]  # fmt: skip
@@ -30,18 +31,13 @@ def make(**kw):
 
 
 @pytest.fixture
-def planted(tmp_path, monkeypatch, cli):
+def planted(tmp_path, cli, monkeypatch):
     """A finished 3-round run, and an importable module that leaves a file when imported."""
     run = tmp_path / "run"
     code, _, err = cli("run", *RUN, "--out", run)
     assert code == 0, err
-    marker = tmp_path / "side-effect"
-    pkg = tmp_path / "site"
-    pkg.mkdir()
-    (pkg / "fedhmc_planted.py").write_text(EVIL.format(marker=str(marker)))
-    monkeypatch.syspath_prepend(str(pkg))
-    yield run, marker
-    sys.modules.pop("fedhmc_planted", None)
+    with planted_module(tmp_path, monkeypatch, EVIL) as marker:
+        yield run, marker
 
 
 def tamper(run: Path, **changes) -> None:
