@@ -131,7 +131,11 @@ def check_out_folder(folder: str | os.PathLike) -> None:
     (`foreign_files`). A new or empty folder, or one fedhmc marked as its own, passes."""
     path = Path(folder).expanduser()
     where = path.resolve()
-    special = {Path(where.anchor): "the root folder", Path.home().resolve(): "your home folder"}
+    special = {Path(where.anchor): "the root folder"}
+    try:
+        special[Path.home().resolve()] = "your home folder"
+    except (RuntimeError, KeyError):  # no home to be found: none to protect
+        pass
     if where in special:
         raise ConfigError(
             f"--out {folder} is {special[where]}; fedhmc writes into a folder of its own: "
@@ -340,7 +344,18 @@ def _read_prefix(path: Path, n: int) -> bytes:
             raise _link_refusal(path) from None
         return b""
     with os.fdopen(fd, "rb") as f:
-        return f.read(n)
+        return f.read(max(0, min(n, os.fstat(fd).st_size)))
+
+
+def _valid_written(written) -> bool:
+    """Whether ``written`` is a record of metrics.csv as `RunWriter.written` makes one (a
+    checkpoint's header, which its checksum does not cover, could hold anything)."""
+    if not isinstance(written, dict):
+        return False
+    kinds = {"columns": list, "rows": int, "bytes": int, "sha256": str}
+    if any(type(written.get(k)) is not t for k, t in kinds.items()):
+        return False
+    return all(isinstance(c, str) for c in written["columns"]) and written["bytes"] >= 0
 
 
 def check_metrics_file(out: str | os.PathLike, written: dict | None, round_: int) -> None:
@@ -352,22 +367,22 @@ def check_metrics_file(out: str | os.PathLike, written: dict | None, round_: int
 
     path = Path(out) / "metrics.csv"
     fix = "restore it, or start the run again (--overwrite)"
-    if not isinstance(written, dict) or not {"columns", "rows", "bytes", "sha256"} <= set(written):
+    if not _valid_written(written):
         raise ConfigError(
             f"cannot resume from {str(out)!r}: its checkpoint does not record what metrics.csv "
-            "held (written by an earlier fedhmc), so a changed file would go unnoticed; start "
-            "the run again (--overwrite)"
+            "held (written by an earlier fedhmc, or edited), so a changed file would go "
+            "unnoticed; start the run again (--overwrite)"
         )
-    data = _read_prefix(path, int(written["bytes"]))
+    data = _read_prefix(path, written["bytes"])
     header = next(csv.reader([data.partition(b"\n")[0].decode(errors="replace")]), [])
-    expected = [str(c) for c in written["columns"]]
+    expected = written["columns"]
     if not path.exists() or not data:
         why = "is missing" if not path.exists() else "is empty"
     elif header != expected:
         got, want = ",".join(header)[:120], ",".join(expected)[:120]
         why = f"has the columns {got!r}, not the run's {want!r}"
-    elif len(data) < int(written["bytes"]) or hashlib.sha256(data).hexdigest() != written["sha256"]:
-        why = f"differs from the {int(written['rows'])} rows the run wrote"
+    elif len(data) < written["bytes"] or hashlib.sha256(data).hexdigest() != written["sha256"]:
+        why = f"differs from the {written['rows']} rows the run wrote"
     else:
         return
     raise ConfigError(

@@ -10,6 +10,7 @@ experiment`` takes the folder's lock as ``run`` and ``sweep`` do.
 from __future__ import annotations
 
 import csv
+import json
 import os
 from pathlib import Path
 
@@ -193,3 +194,16 @@ def test_an_experiment_or_sweep_refuses_a_folder_of_the_users_own_files(tmp_path
     err = one_line_refusal(cli, *argv, "--out", out)
     assert "holds files fedhmc did not write (results.csv)" in err, err
     assert files(out) == {"results.csv": b"the user's own\n"}
+
+
+@pytest.mark.parametrize("bad", [{"bytes": "many"}, {"bytes": 10**15}, {"columns": None}])
+def test_an_edited_record_in_the_checkpoints_header_is_one_line(finished, cli, bad):
+    """The header's record of metrics.csv (read before the run starts) is outside the
+    checkpoint's checksum: whatever it holds, a resume ends in one line, not a traceback."""
+    path = finished / "checkpoint.pt"
+    head, _, payload = path.read_bytes().partition(b"\n")
+    header = json.loads(head)
+    header["metrics"].update(bad)
+    path.write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    err = one_line_refusal(cli, "run", "--resume", finished, "--rounds", "5", "--quiet")
+    assert "metrics.csv" in err, err
