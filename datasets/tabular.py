@@ -8,7 +8,6 @@ import numpy as np
 
 from fedhmc.errors import ConfigError
 
-TABULAR_DATASETS = ("digits", "breast-cancer")
 PIXEL_MAX = {"digits": 16.0, "breast-cancer": None}
 """Largest feature value of image-like datasets (digits: 8x8 pixel counts 0..16)."""
 

@@ -35,7 +35,6 @@ METRICS = ("accuracy", "brier", "ece", "nll_sum")
 PROTOCOL_ORDER = ("authors", "algorithm3")
 """The two protocols the ``paper-*`` experiments run side by side, in the tables' order."""
 
-BUDGETS = ("quick", "reduced", "full")
 
 
 def run_experiment_cells(out_dir: Path, base: dict, cells: list[dict]) -> list[dict]:

@@ -250,11 +250,6 @@ class MLP:
         M = theta.shape[0]
         return torch.cat([g.reshape(M, -1) for g in grads], dim=1), nll
 
-    def loss_grad_autograd(self, theta, X, y, sw, need_value: bool = True):
-        """The same as [`loss_grad`][fedhmc.models.nets.MLP.loss_grad] through ``torch.func`` (the
-        reference in tests)."""
-        return self._grad(theta, X, y, sw)
-
     def log_probs(self, theta: torch.Tensor, X: torch.Tensor) -> torch.Tensor:
         out = vmap(self._logits, in_dims=(0, None))(theta, X)
         return F.log_softmax(out, dim=-1)

@@ -280,10 +280,6 @@ class DataTarget:
         self.prefetch(keys, index, 1)
         return self._plan[2][0]
 
-    def _indices(self, keys: torch.Tensor, index: int) -> torch.Tensor:
-        """Evaluation ``index``'s minibatch as each client's own row numbers, (S, N, B)."""
-        return self._flat_indices(keys, index) - self._row_offsets
-
     def reshuffle_window(self, keys: torch.Tensor, first: int | torch.Tensor, count: int) -> None:
         """Random reshuffling: draw the permutations that minibatches ``first … first+count−1``
         of every (chain, client) come from, for the

@@ -13,7 +13,6 @@ the settings that played no part in the run (``RunConfig.recorded``).
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import os
 import typing
@@ -47,7 +46,6 @@ PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
 INITS = ("auto", "zeros", "normal", "module", "torch-linear")
 IN_MEMORY = "<in-memory tensors>"
 """What ``config.json`` records as the dataset of data given to Python as tensors."""
-IMAGE_DATASETS = ("digits", "fashion-mnist", "mnist", "kmnist", "cifar2")
 
 # What `--protocol` sets for the options left unset (explicit options win). "algorithm3" is
 # the paper's Algorithm 3 as printed; "authors" is what the authors' experiment code runs
@@ -557,9 +555,6 @@ class RunConfig:
     def user_data_file(self) -> str | None:
         """The path of a ``--dataset PATH.npz``, or None for a named or in-memory dataset."""
         return _user_file(self.dataset)
-
-    def to_json(self) -> str:
-        return json.dumps(self.to_dict(), indent=2, sort_keys=False)
 
     def replace(self, **changes) -> RunConfig:
         return dataclasses.replace(self, **changes)

@@ -77,12 +77,6 @@ def set_default_threads(threads: int | str | None) -> None:
     _default = DEFAULT_THREADS if parsed is None else parsed
 
 
-def default_threads() -> int | str:
-    """The thread count a run that names none uses in this process (``auto`` unless the
-    command line's ``--threads`` set another)."""
-    return _default
-
-
 def apply_threads(threads: int | str | None, work: int) -> int:
     """Set torch's intra-op threads for a gradient evaluation of ``work`` multiply-adds;
     returns the count. ``None`` means the process default: ``auto``, as ``fedhmc run``

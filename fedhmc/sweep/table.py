@@ -27,7 +27,6 @@ HIGHER_IS_BETTER = frozenset({"accuracy"})
 """Metrics where larger is better; every other metric is better when smaller."""
 
 
-NOT_METRICS = frozenset({"round", "samples", "clients", "failed", "ece_bins"})
 
 
 def _num(v):

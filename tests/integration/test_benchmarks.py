@@ -58,7 +58,7 @@ def test_minibatch_rows_are_the_indexed_rows():
     keys = torch.arange(6, dtype=torch.int64).view(2, 3) * 7919 + 3
     for index in (0, 1, 5):
         X, y, _ = target._batch(keys, index, 2)
-        idx = target._indices(keys, index)
+        idx = target._flat_indices(keys, index) - target._row_offsets  # clients' own rows
         cid = torch.arange(3).view(1, 3, 1)
         assert torch.equal(X, target.X[cid, idx]) and torch.equal(y, target.y[cid, idx])
     # A buffer reused by the next call must not have leaked into an earlier result's use.
