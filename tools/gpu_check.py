@@ -118,7 +118,7 @@ def _cnn_check(dev, smoke: bool) -> bool:
 def matrix(dev, smoke: bool) -> dict:
     from benchmarks.gpu import run_matrix
 
-    return run_matrix(dev, smoke, timeout_s=60 if smoke else 250)
+    return run_matrix(dev, smoke, timeout_s=60 if smoke else 225)
 
 
 def speed(dev, smoke: bool) -> dict:

@@ -4,14 +4,16 @@
 #
 #   bash tools/gpu_check.sh              the check, in at most 8 minutes, each step under its
 #                                        own time limit (seconds):
-#                                          probe    60   versions, TF32 and cuDNN switches,
+#                                          probe    45   versions, TF32 and cuDNN switches,
 #                                                        determinism of ECE and a CNN gradient
-#                                          matrix  270   pytest -m gpu: the same chain as the
+#                                          matrix  240   pytest -m gpu: the same chain as the
 #                                                        CPU, graphs on and off, determinism
 #                                          speed    90   fedhmc's step against a plain
 #                                                        captured step
 #                                          authors  45   the paper's 200 Fashion-MNIST rounds
-#                                        and one summary file, $OUT/gpu-check.md
+#                                        and one summary file, $OUT/gpu-check.md. fedhmc needs
+#                                        NumPy and scikit-learn there (pytest for the matrix):
+#                                        without them it stops at once, saying what to send.
 #   bash tools/gpu_check.sh cnn [SECS]   fedhmc experiment fmnist-cnn --full for at most SECS
 #                                        seconds (default 480), resuming from the run folders
 #                                        in gpu-runs/fmnist-cnn.tgz when that file is there
@@ -51,16 +53,24 @@ step() {  # step NAME LIMIT: tools/gpu_check.py NAME under its time limit, its s
   local name=$1 limit=$(($2 * ${TIME_SCALE:-1})) start rc=0
   start=$(date +%s)
   echo "== $name (at most $limit s)"
-  timeout --kill-after=10 "$limit" "$py" tools/gpu_check.py "$name" --device "$device" \
+  timeout --kill-after=5 "$limit" "$py" tools/gpu_check.py "$name" --device "$device" \
     --out "$out" "${smoke[@]}" || rc=$?
   printf '%s\t%s\t%s\t%s\n' "$name" "$rc" "$(($(date +%s) - start))" "$limit" >>"$out/steps.tsv"
 }
 
+missing=$("$py" -c "import importlib.util as u
+print(' '.join(m for m in ('torch', 'numpy', 'sklearn') if u.find_spec(m) is None))" 2>&1)
+if [ -n "$missing" ]; then
+  echo "tools/gpu_check.sh: $py lacks $missing; send their wheels in .gpu-whl (FULL=1 bash" \
+    "tools/gpu_prepare.sh) or install them there" >&2
+  exit 2
+fi
+
 case "$stage" in
   check)
     rm -f "$out/steps.tsv" "$out"/{probe,matrix,speed,authors}.json
-    step probe 60
-    step matrix 270
+    step probe 45
+    step matrix 240
     step speed 90
     step authors 45
     "$py" tools/gpu_check.py summary --device "$device" --out "$out" "${smoke[@]}"

@@ -13,17 +13,19 @@ round reads a value back to the host.
 1. the first call of a kind runs eagerly (the warm-up: caches and lazy initialisation
    happen outside capture);
 2. the second runs eagerly and is captured on static copies of its inputs;
-3. the third copies its (new) inputs into the graph, replays it, and also runs eagerly:
-   the two must agree bit for bit. A value the capture froze (a Python number read once,
-   a tensor replaced between rounds) shows here, on inputs the graph was not captured
-   with; so does a graph that recorded nothing (captured on another device or stream).
-   Any difference, or a capture that fails or records nothing, turns the graphs off for
-   the run with a one-line note, so a capture never changes a chain;
-4. from then on the inputs are copied into the graph and it is replayed.
+3. from the third on, the (new) inputs are copied into the graph and it is replayed.
+   The 1st, 2nd, 4th, 8th, … replay of each kind also runs eagerly, and the two must agree
+   bit for bit: a value the capture froze (a Python number read once, a tensor replaced
+   between rounds) shows there, on inputs the graph was not captured with, and so does a
+   graph that recorded nothing (captured on another device or stream).
 
-Warm-up, capture and replay run with the run's device current (``torch.cuda.device``),
-on streams made on that device. At most ``MAX_KINDS`` kinds are kept (each graph holds
-its own memory); calls of further kinds run eagerly.
+Any difference, a capture that fails or records nothing, or a replay that fails turns the
+graphs off for the rest of the run with a one-line note and the round runs eagerly, so a
+capture never changes a chain. The tensors a capture read that were made outside it are
+kept alive as long as its graph (a replay reads their memory). Warm-up, capture and replay
+run with the run's device current (``torch.cuda.device``), on streams made on that device.
+At most ``MAX_KINDS`` kinds are kept (each graph holds its own memory); calls of further
+kinds run eagerly.
 """
 
 from __future__ import annotations
@@ -34,6 +36,8 @@ import warnings
 from collections.abc import Callable, Hashable
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
 Inputs = tuple[torch.Tensor | None, ...]
 Outputs = tuple[torch.Tensor | None, ...]
@@ -54,6 +58,28 @@ def device_of(inputs: Inputs) -> torch.device:
     return next(x.device for x in inputs if x is not None)
 
 
+class _KeepRead(TorchDispatchMode):
+    """While a round is captured: every tensor its operations read that no operation of
+    the capture made (the model's data, the clients' sizes, …), kept in ``read``."""
+
+    def __init__(self):
+        super().__init__()
+        self._made: set[int] = set()
+        self.read: dict[int, torch.Tensor] = {}
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        for x in tree_leaves((args, kwargs or {})):
+            if isinstance(x, torch.Tensor):
+                ptr = x.untyped_storage().data_ptr()
+                if ptr not in self._made:
+                    self.read.setdefault(ptr, x)
+        out = func(*args, **(kwargs or {}))
+        for x in tree_leaves(out):
+            if isinstance(x, torch.Tensor):
+                self._made.add(x.untyped_storage().data_ptr())
+        return out
+
+
 class CudaGraph:
     """``fn`` captured on static copies of ``inputs`` on ``device`` (default: the inputs');
     `replay` runs it on new inputs. ``cuda`` is `torch.cuda` (tests pass a stand-in)."""
@@ -69,22 +95,27 @@ class CudaGraph:
                 fn(*self.static)
             cuda.current_stream(self.device).wait_stream(side)
             self.graph = cuda.CUDAGraph()
-            self.out = _capture(self.graph, fn, self.static, side, self.device, cuda)
+            keep = _KeepRead()
+            self.out = _capture(self.graph, fn, self.static, side, self.device, cuda, keep)
+            self.read = tuple(keep.read.values())  # alive as long as the graph
 
     def replay(self, inputs: Inputs) -> Outputs:
         with self.cuda.device(self.device):
             for static, x in zip(self.static, inputs, strict=True):
                 if static is not None:
+                    if x is None or x.shape != static.shape or x.dtype != static.dtype:
+                        raise ValueError("a replay's inputs differ in shape or type")
                     static.copy_(x)
             self.graph.replay()
             # The next replay overwrites the outputs: hand out copies.
             return tuple(None if o is None else o.clone() for o in self.out)
 
 
-def _capture(graph, fn, static: Inputs, side, device, cuda) -> Outputs:
-    """``fn(*static)`` captured into ``graph`` on the stream ``side``. Whatever happens,
-    the stream that was current is current again and the device is synchronised after;
-    a capture that recorded no kernel raises `EmptyGraphError`."""
+def _capture(graph, fn, static: Inputs, side, device, cuda, keep) -> Outputs:
+    """``fn(*static)`` captured into ``graph`` on the stream ``side``, under the dispatch
+    mode ``keep``. Whatever happens, the stream that was current is current again and the
+    device is synchronised after; a capture that recorded no kernel raises
+    `EmptyGraphError`."""
     cuda.synchronize(device)
     before = cuda.current_stream(device)
     cuda.set_stream(side)
@@ -93,7 +124,8 @@ def _capture(graph, fn, static: Inputs, side, device, cuda) -> Outputs:
             warnings.simplefilter("always")
             graph.capture_begin()
             try:
-                out = fn(*static)
+                with keep:
+                    out = fn(*static)
             except BaseException:
                 with contextlib.suppress(Exception):  # the capture is invalid: end it
                     graph.capture_end()
@@ -117,6 +149,13 @@ def _same(a: Outputs, b: Outputs) -> bool:
     )
 
 
+def _indexed(device: torch.device) -> torch.device:
+    """``cuda`` as the GPU current now (``cuda:N``): the graphs stay on it."""
+    if device.type == "cuda" and device.index is None and torch.cuda.is_available():
+        return torch.device("cuda", torch.cuda.current_device())
+    return device
+
+
 def _first_line(e: BaseException) -> str:
     return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
 
@@ -137,9 +176,9 @@ class RoundGraphs:
 
     def __init__(self, capture: Callable[..., CudaGraph] = CudaGraph, device=None):
         self._capture = capture
-        self.device = None if device is None else torch.device(device)
+        self.device = None if device is None else _indexed(torch.device(device))
         self._graphs: dict[Hashable, CudaGraph | None] = {}
-        self._checked: set[Hashable] = set()
+        self._served: dict[Hashable, int] = {}
         self.off: str | None = None
         """Why the graphs were turned off for this run, or None."""
         self.replays = 0
@@ -160,10 +199,16 @@ class RoundGraphs:
         graph = self._graphs[key]
         if graph is None:
             return self._captured(key, fn, inputs)
-        if key not in self._checked:
-            return self._first_replay(key, graph, fn, inputs)
+        served = self._served[key] = self._served.get(key, 0) + 1
+        if served & (served - 1) == 0:  # the 1st, 2nd, 4th, 8th, … replay
+            return self._checked_replay(graph, fn, inputs)
+        try:
+            out = graph.replay(inputs)
+        except Exception as e:  # noqa: BLE001
+            self.turn_off(f"a replay failed ({_first_line(e)})")
+            return fn(*inputs)
         self.replays += 1
-        return graph.replay(inputs)
+        return out
 
     def _captured(self, key, fn, inputs: Inputs) -> Outputs:
         """The eager result of the call; its graph captured for the next call to check."""
@@ -174,19 +219,18 @@ class RoundGraphs:
             self.turn_off(f"capture failed ({_first_line(e)})")
         return expected
 
-    def _first_replay(self, key, graph, fn, inputs: Inputs) -> Outputs:
-        """The graph's first replay, on inputs it was not captured with, checked against
-        the eager call: the eager result, and the graph trusted only if they agree."""
-        expected = fn(*inputs)
+    def _checked_replay(self, graph, fn, inputs: Inputs) -> Outputs:
+        """A replay, on inputs the graph was not captured with, checked against the eager
+        call: the eager result, and the graph kept only if they agree."""
+        expected = tuple(None if x is None else x.clone() for x in fn(*inputs))
         try:
             got = graph.replay(inputs)
         except Exception as e:  # noqa: BLE001
-            self.turn_off(f"the first replay failed ({_first_line(e)})")
+            self.turn_off(f"a replay failed ({_first_line(e)})")
             return expected
         if not _same(got, expected):
             self.turn_off("a replay differed from the same round computed without it")
             return expected
-        self._checked.add(key)
         self.replays += 1
         return expected
 
@@ -194,7 +238,7 @@ class RoundGraphs:
         """Stop capturing and replaying for the rest of the run, saying why in one line."""
         self.off = why
         self._graphs.clear()
-        self._checked.clear()
+        self._served.clear()
         print(
             f"fedhmc: note: CUDA graphs are off for the rest of this run: {why}; "
             "the chain is unchanged (add --no-cuda-graphs to skip the attempt)",

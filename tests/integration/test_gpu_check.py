@@ -50,3 +50,19 @@ def test_the_gpu_check_runs_where_only_torch_is(tmp_path):
     assert "ECE the same bits in 5 evaluations: yes; equal to the CPU's: yes" in summary
     assert "LeNet-5's client gradients the same bits every time: yes" in summary
     assert ", 0 failed," in summary and "| fedhmc / plain |" in summary
+
+
+def test_the_gpu_check_says_what_a_machine_lacks(tmp_path):
+    import bare_env
+
+    python = bare_env.make(tmp_path / "bare", ("flwr", "ray", "fedhmc", "sklearn", "scikit_learn"))
+    env = {**os.environ, "DEVICE": "cpu", "PYTHON": str(python), "OUT": str(tmp_path / "out")}
+    proc = subprocess.run(
+        ["bash", "tools/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
+        timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2 and not (tmp_path / "out" / "steps.tsv").exists()
+    assert proc.stderr.strip().splitlines() == [
+        f"tools/gpu_check.sh: {python} lacks sklearn; send their wheels in .gpu-whl (FULL=1 "
+        "bash tools/gpu_prepare.sh) or install them there"
+    ]

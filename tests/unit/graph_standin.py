@@ -24,6 +24,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
@@ -52,6 +53,28 @@ def refusal(func, args) -> str | None:
 
 class HostSyncError(AssertionError):
     """The round synchronises with the host: a CUDA graph cannot capture it."""
+
+
+HOST_READS = {
+    "tolist": "reads the tensor back to the host (tolist)",
+    "numpy": "reads the tensor back to the host (numpy)",
+    "cpu": "copies the tensor to the host (cpu)",
+    "__array__": "reads the tensor back to the host (NumPy conversion)",
+    "item": "reads a value back to the host (item)",
+}
+"""Tensor methods that read device memory on the host without an ATen call that a
+dispatch mode would see on the CPU (where they copy nothing). (``x.to(device)`` is not
+among them: on the CPU the run's device is the host, so it cannot be told from a copy.)"""
+
+
+class NoHostReads(TorchFunctionMode):
+    """Refuses the reads back to the host that the CPU makes without an ATen call."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        why = HOST_READS.get(getattr(func, "__name__", ""))
+        if why is not None:
+            raise HostSyncError(f"Tensor.{func.__name__}: {why}")
+        return func(*args, **(kwargs or {}))
 
 
 class FrozenValueError(AssertionError):
@@ -180,7 +203,7 @@ class RecordedGraph:
         self.static = tuple(None if x is None else x.clone() for x in inputs)
         fn(*self.static)  # the warm-up, as CudaGraph's
         rec = Recorder(self.static)
-        with rec:
+        with NoHostReads(), rec:
             out = fn(*self.static)
         self.calls, self.external, self.signature = rec.calls, rec.external, rec.signature
         self.out = rec.refs(out)
@@ -207,11 +230,11 @@ class RecordedGraph:
         for s, x in zip(self.static, inputs, strict=True):
             if s is not None:
                 s.copy_(x)
-        out = self._run_calls()
+        out = tuple(None if o is None else o.clone() for o in self._run_calls())
         rec = Recorder(self.static)
-        with rec:
+        with NoHostReads(), rec:
             self.fn(*self.static)
         why = first_difference(self.signature, rec.signature)
         if why is not None:
             raise FrozenValueError(why)
-        return tuple(None if o is None else o.clone() for o in out)
+        return out

@@ -190,3 +190,90 @@ def test_a_run_on_cuda_n_gives_its_graphs_that_device():
     object.__setattr__(cfg, "cuda_graphs", True)  # (a CUDA run's setting, on this CPU)
     object.__setattr__(cfg, "device", "cuda:1")
     assert _replayed(cfg, Target()).graphs.device == CUDA1
+
+
+def test_a_graph_keeps_alive_what_its_round_read():
+    """A replay reads the memory of the tensors made outside the round (the data, the
+    clients' sizes): the graph keeps them, even after the round's owner drops them; the
+    round's own intermediates are not kept."""
+    import gc
+    import weakref
+
+    cuda = FakeCuda()
+    holder = {"table": torch.arange(4.0)}
+    made = []
+
+    def fn(x):
+        y = x * 2.0
+        made.append(weakref.ref(y))
+        return (y + holder["table"],)
+
+    graph = CudaGraph(fn, (torch.ones(4),), CUDA1, cuda=cuda)
+    table = weakref.ref(holder.pop("table"))
+    gc.collect()
+    assert table() is not None and any(t is table() for t in graph.read)
+    assert all(ref() is None or all(ref() is not t for t in graph.read) for ref in made)
+
+
+def test_a_replay_on_inputs_of_another_shape_is_refused(capsys):
+    cuda = FakeCuda()
+    graphs = RoundGraphs(capture=lambda f, i, d: CudaGraph(f, i, d, cuda=cuda), device=CUDA1)
+    double = lambda t: (t * 2.0,)  # noqa: E731
+    for _ in range(2):
+        graphs("k", double, (torch.ones(3),))
+    assert torch.equal(graphs("k", double, (torch.ones(2, 3),))[0], torch.full((2, 3), 2.0))
+    assert graphs.off == "a replay failed (ValueError: a replay's inputs differ in shape or type)"
+
+
+def test_a_cuda_run_sets_the_deterministic_switches():
+    from fedhmc.core import determinism
+
+    before = determinism.switches()
+    flags = determinism._precision_flags()
+    saved = {k: v.fp32_precision for k, v in flags.items()}
+    try:
+        determinism.deterministic_cuda("cpu")
+        assert determinism.switches() == before  # the CPU needs none
+        determinism.deterministic_cuda("cuda:0")
+        got = determinism.switches()
+        assert got["cudnn.deterministic"] and not got["cudnn.benchmark"]
+        tf32 = {k: v for k, v in got.items() if "tf32" in k or "precision" in k}
+        assert tf32 and all(v in (False, "ieee") for v in tf32.values()), tf32
+    finally:
+        torch.backends.cudnn.deterministic = before["cudnn.deterministic"]
+        torch.backends.cudnn.benchmark = before["cudnn.benchmark"]
+        for k, v in saved.items():
+            flags[k].fp32_precision = v
+
+
+@pytest.mark.parametrize("model", ["logistic", "cnn"])
+def test_a_rounds_capture_keeps_the_clients_data(model):
+    """FA-HMC's round captured under the keeping mode (vmap, the generic module path): it
+    runs, and what it keeps includes the clients' data."""
+    from fedhmc.algorithms import fahmc
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.problem import build_problem, initial_position
+
+    cfg = RunConfig(
+        dataset="digits", model=model, num_clients=3, batch_size=8, local_steps=1,
+        leapfrog_steps=2, chains=2, dtype="float64",
+    ).resolve()  # fmt: skip
+    problem = build_problem(cfg)
+    theta = initial_position(problem.model, problem.dim, cfg)
+    settings = fahmc.Settings(step_size=0.01, leapfrog_steps=2, local_steps=1)
+    state = fahmc.init(theta, settings)
+    message = fahmc.broadcast(cfg.seed, state, settings)
+    seeds = fahmc.client_seeds(cfg.seed, 3)
+    seen = {}
+
+    class Capture:
+        def __call__(self, fn, inputs, device):
+            seen["graph"] = CudaGraph(fn, inputs, CUDA1, cuda=FakeCuda())
+            raise RuntimeError("captured")
+
+    problem.target.graphs = RoundGraphs(capture=Capture())
+    for _ in range(2):
+        fahmc.client_update(message, problem.target, settings, seeds)
+    kept = {t.untyped_storage().data_ptr() for t in seen["graph"].read}
+    X_rows = problem.target._flat()[0]  # the clients' rows the minibatches are drawn from
+    assert X_rows.untyped_storage().data_ptr() in kept

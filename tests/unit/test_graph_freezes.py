@@ -84,11 +84,21 @@ def test_the_standin_names_what_a_graph_would_freeze(kind):
         graph.replay((x + 1,))
 
 
-def test_the_standin_refuses_a_host_sync_at_capture():
-    with pytest.raises(HostSyncError, match="reads a value back to the host"):
-        RecordedGraph(lambda x: (x * float(x.sum()),), (torch.ones(3),))
-    with pytest.raises(HostSyncError, match="boolean mask"):
-        RecordedGraph(lambda x: (x[x > 0],), (torch.ones(3),))
+@pytest.mark.parametrize(
+    "fn, why",
+    [
+        (lambda x: (x * float(x.sum()),), "reads a value back to the host"),
+        (lambda x: (x[x > 0],), "boolean mask"),
+        (lambda x: (x * max(x.tolist()),), "tolist"),
+        (lambda x: (x + x.cpu(),), "copies the tensor to the host"),
+        (lambda x: (x * x.numpy().sum(),), "numpy"),
+    ],
+    ids=["float", "mask", "tolist", "cpu", "numpy"],
+)
+def test_the_standin_refuses_a_host_sync_at_capture(fn, why):
+    """Reads back to the host, including those the CPU makes without an ATen call."""
+    with pytest.raises(HostSyncError, match=why):
+        RecordedGraph(fn, (torch.ones(3),))
 
 
 def test_the_standin_replays_what_a_graph_computes():
@@ -135,7 +145,7 @@ def test_the_first_replay_on_new_inputs_catches_a_frozen_value(kind, capture, ca
     if capture is GraphOnly:
         assert graphs.off == "a replay differed from the same round computed without it"
     else:
-        assert graphs.off.startswith("the first replay failed (FrozenValueError: call ")
+        assert graphs.off.startswith("a replay failed (FrozenValueError: call ")
     err = capsys.readouterr().err.strip().splitlines()
     assert len(err) == 1 and "CUDA graphs are off" in err[0]
 
@@ -145,4 +155,88 @@ def test_a_late_host_sync_turns_the_graphs_off():
     graphs = RoundGraphs(capture=RecordedGraph)
     got = _rounds("late_sync", graphs)
     assert all(torch.equal(a, b) for a, b in zip(eager, got, strict=True))
-    assert graphs.off.startswith("the first replay failed (HostSyncError: ")
+    assert graphs.off.startswith("a replay failed (HostSyncError: ")
+
+
+def test_a_value_that_changes_late_is_caught():
+    """A value that first changes after the first replay: the stand-in names it at the
+    replay where it would be frozen, and the run keeps the eager chain."""
+
+    class Late(Frozen):
+        def next_round(self, kind):
+            self.round += 1
+            if self.round == 6:
+                self.step = 0.125
+
+    def rounds(graphs):
+        state, x, out = Late(), torch.ones(3, dtype=torch.float64), []
+        for _ in range(8):
+            state.next_round("scalar")
+            x = x + 0.5
+            out.append(graphs("k", state.scalar, (x,))[0] if graphs else state.scalar(x)[0])
+        return out
+
+    graphs = RoundGraphs(capture=RecordedGraph)
+    assert all(torch.equal(a, b) for a, b in zip(rounds(None), rounds(graphs), strict=True))
+    assert graphs.off.startswith("a replay failed (FrozenValueError: ") and graphs.replays == 3
+
+
+def test_replays_are_checked_again_at_powers_of_two():
+    """Without the stand-in's own check (a GPU's graph), a value frozen at a later change is
+    caught at the next checked replay (the 1st, 2nd, 4th, 8th, … of its kind): after it
+    the run is eager again."""
+    checked = []
+
+    class Counting(GraphOnly):
+        def replay(self, inputs):
+            checked.append(inputs[0].clone())
+            return super().replay(inputs)
+
+    state, x = Frozen(), torch.ones(3, dtype=torch.float64)
+    graphs = RoundGraphs(capture=Counting)
+    for r in range(1, 13):
+        x = x + 0.5
+        if r == 9:
+            state.step = 0.125  # changes between the 4th (round 6) and 8th (round 10) replays
+        got = graphs("k", state.scalar, (x,))[0]
+        if r >= 10:
+            assert torch.equal(got, state.scalar(x)[0])
+    assert graphs.off == "a replay differed from the same round computed without it"
+    assert graphs.replays == 7  # rounds 3–9 (round 9's replay was frozen: not checked)
+
+
+def test_a_failing_later_replay_runs_the_round_eagerly(capsys):
+    class FailsAtFour(GraphOnly):
+        calls = 0
+
+        def replay(self, inputs):
+            FailsAtFour.calls += 1
+            if FailsAtFour.calls == 3:
+                raise RuntimeError("CUDA error: an illegal memory access was encountered")
+            return super().replay(inputs)
+
+    graphs = RoundGraphs(capture=FailsAtFour)
+    x = torch.ones(2, dtype=torch.float64)
+    out = [graphs("k", lambda t: (t * 2.0,), (x + k,))[0] for k in range(6)]
+    assert all(torch.equal(o, (x + k) * 2.0) for k, o in enumerate(out))
+    assert graphs.off == (
+        "a replay failed (RuntimeError: CUDA error: an illegal memory access was encountered)"
+    )
+    assert graphs.replays == 2 and "CUDA graphs are off" in capsys.readouterr().err
+
+
+def test_an_output_that_the_replay_overwrites_is_not_compared_with_itself():
+    """A round whose output lies in a buffer made outside it, which a replay overwrites:
+    the eager result is copied before the replay, so the check sees the difference."""
+    buffer = torch.zeros(3, dtype=torch.float64)
+    step = [0.5]
+
+    def fn(x):
+        return (torch.mul(x, step[0], out=buffer),)
+
+    graphs = RoundGraphs(capture=GraphOnly)
+    x = torch.ones(3, dtype=torch.float64)
+    for k in range(4):
+        step[0] = 0.5 if k < 2 else 0.25
+        graphs("k", fn, (x + k,))
+    assert graphs.off == "a replay differed from the same round computed without it"
