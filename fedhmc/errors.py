@@ -35,14 +35,14 @@ class RunInterrupted(FedHMCError):
     """SIGINT or SIGTERM stopped a run after a round; its checkpoint is written. The
     command exits with 128 + the signal number (130 for SIGINT, 143 for SIGTERM)."""
 
-    def __init__(self, signum: int, round_: int, out: str):
+    def __init__(self, signum: int, round_: int, out: str, resume_flags: str = ""):
         import signal
 
         self.signum, self.round, self.out = int(signum), int(round_), out
         name = {signal.SIGINT: "SIGINT", signal.SIGTERM: "SIGTERM"}.get(signum, str(signum))
         super().__init__(
             f"stopped by {name} after round {round_}; the checkpoint is written. "
-            f"Continue with: fedhmc run --resume {out}"
+            f"Continue with: fedhmc run --resume {out}{resume_flags}"
         )
 
     @property

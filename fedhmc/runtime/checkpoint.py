@@ -256,6 +256,32 @@ PICKLED_DATASETS = ("cifar2",)
 folder runs whatever code the files hold."""
 
 
+def _named_code(saved: dict) -> tuple[str | None, str | None]:
+    """The code that a run's settings (a config.json) name and only the command line may
+    name on a resume: the user's own model spec (None: a built-in model, none, or one given
+    in Python) and the ``--data-dir`` of pickled data (None: none)."""
+    from fedhmc.runtime.config import IN_MEMORY, MODELS
+
+    model = saved.get("model")
+    model = model if isinstance(model, str) or model is None else repr(model)
+    if model in MODELS or saved.get("dataset") == IN_MEMORY or str(model).startswith("<in-"):
+        model = None
+    data_dir = saved.get("data_dir")
+    pickled = saved.get("dataset") in PICKLED_DATASETS and data_dir
+    return model, str(data_dir) if pickled else None
+
+
+def resume_flags(saved: dict) -> str:
+    """What ``fedhmc run --resume DIR`` needs besides DIR to continue the run of ``saved``
+    (its settings, as config.json holds them), with a leading space: ``--model`` of the
+    user's own model and the ``--data-dir`` of pickled data (`refuse_named_code`)."""
+    import shlex
+
+    model, data_dir = _named_code(saved)
+    flags = [f" --model {shlex.quote(model)}"] if model else []
+    return "".join(flags + ([f" --data-dir {shlex.quote(data_dir)}"] if data_dir else []))
+
+
 def refuse_named_code(run_dir, saved: dict, given: dict) -> None:
     """Refuse, in one line and before anything is imported, a resume of ``run_dir`` whose
     folder (``saved``: its config.json) names code that only the command line may name.
@@ -265,31 +291,30 @@ def refuse_named_code(run_dir, saved: dict, given: dict) -> None:
     equal to the recorded spec (``given``: the options of this invocation), and a run on a
     dataset read from pickles (``PICKLED_DATASETS``) out of a recorded ``--data-dir`` needs
     that ``--data-dir`` again. A ``--model`` given that is not the run's is refused here too,
-    before it is imported."""
-    from fedhmc.runtime.config import IN_MEMORY, MODELS
+    before it is imported. A run whose data was given in memory is left to the resolution,
+    which says that it resumes from Python only."""
+    from fedhmc.runtime.config import IN_MEMORY
 
     if saved.get("dataset") == IN_MEMORY:
-        return  # resumed from Python only, with its data and model: resolving says so
-    model = saved.get("model")  # None: the run had no model (a closed-form target)
-    model = model if isinstance(model, str) or model is None else repr(model)
-    user_code = model is not None and model not in MODELS and not model.startswith("<in-")
-    if "model" in given and model is not None and given["model"] != model:
+        return
+    recorded = saved.get("model")  # None: the run had no model (a closed-form target)
+    model, data_dir = _named_code(saved)
+    if "model" in given and recorded is not None and given["model"] != recorded:
         raise ConfigError(
             f"cannot resume {run_dir}: --model {given['model']} is not the run's model "
-            f"({model[:80]}); drop --model, or give the run's own"
+            f"({str(recorded)[:80]}); drop --model, or give the run's own"
         )
-    if user_code and "model" not in given:
+    if model is not None and "model" not in given:
         raise ConfigError(
             f"cannot resume {run_dir}: its run used your own model {model[:80]}, and fedhmc "
             "imports no code that a run folder names; if you trust that code, name it "
             f"again: --model {model[:80]}"
         )
-    data_dir = saved.get("data_dir")
-    if saved.get("dataset") in PICKLED_DATASETS and data_dir and given.get("data_dir") != data_dir:
+    if data_dir is not None and given.get("data_dir") != data_dir:
         raise ConfigError(
             f"cannot resume {run_dir}: its {saved['dataset']} files are Python pickles, which "
-            f"run code when read, from the --data-dir {str(data_dir)[:80]} that its folder "
-            f"names; if you trust them, give --data-dir {str(data_dir)[:80]} again"
+            f"run code when read, from the --data-dir {data_dir[:80]} that its folder "
+            f"names; if you trust them, give --data-dir {data_dir[:80]} again"
         )
 
 

@@ -561,7 +561,8 @@ class _Run:
         if stop.signum is not None and r < self.cfg.rounds:
             self.stop_round = r
             self.status = "interrupted"
-            raise RunInterrupted(stop.signum, r, str(self.cfg.out))
+            flags = checkpoint.resume_flags(self.cfg.to_dict())
+            raise RunInterrupted(stop.signum, r, str(self.cfg.out), flags)
 
     # ------------------------------------------------------------------ checkpoints
     def _checkpoint(self, r: int) -> None:
@@ -660,7 +661,8 @@ class _Run:
         if self.resumed:
             summary["resumed_from_round"] = self.start - 1
         if self.status == "interrupted":
-            summary["resume"] = f"fedhmc run --resume {self.cfg.out}"
+            flags = checkpoint.resume_flags(self.cfg.to_dict())
+            summary["resume"] = f"fedhmc run --resume {self.cfg.out}{flags}"
             if self.stop_round is None:
                 summary["note"] = (
                     "stopped at once by a second signal: the last checkpoint is older than "
@@ -711,7 +713,7 @@ def _kept(cfg: RunConfig, saved_round: int | None) -> str:
     if saved_round is not None:
         return (
             f"the checkpoint of round {saved_round} is kept: once fixed, continue with "
-            f"fedhmc run --resume {cfg.out}"
+            f"fedhmc run --resume {cfg.out}{checkpoint.resume_flags(cfg.to_dict())}"
         )
     return f"no round was checkpointed: once fixed, start again with --overwrite --out {cfg.out}"
 

@@ -130,3 +130,22 @@ def test_a_sweep_cell_folder_naming_a_module_runs_the_sweeps_own_settings(plante
     assert code == 0, err
     assert not marker.exists() and "fedhmc_planted" not in sys.modules
     assert json.loads((cell / "config.json").read_text())["model"] == "logistic"
+
+
+def test_the_resume_hints_name_what_the_command_line_must_give_again():
+    """A stopped run's hints (the signal's line, summary.json's ``resume``, a failure's) name
+    the --model and --data-dir that a resume of it needs."""
+    from fedhmc.errors import RunInterrupted
+    from fedhmc.runtime.checkpoint import resume_flags
+    from fedhmc.runtime.config import IN_MEMORY
+
+    assert resume_flags({"model": "logistic", "dataset": "digits"}) == ""
+    assert resume_flags({"model": None, "dataset": "gaussian-hetero"}) == ""
+    own = {"model": "mynets:make cnn", "dataset": "digits"}
+    assert resume_flags(own) == " --model 'mynets:make cnn'"
+    assert resume_flags({**own, "dataset": IN_MEMORY}) == ""  # resumed from Python only
+    cifar = {"model": "logistic", "dataset": "cifar2", "data_dir": "/data/cifar"}
+    assert resume_flags(cifar) == " --data-dir /data/cifar"
+    assert resume_flags({**cifar, "data_dir": None}) == ""
+    stop = RunInterrupted(2, 4, "runs/x", resume_flags(own))
+    assert str(stop).endswith("fedhmc run --resume runs/x --model 'mynets:make cnn'")
