@@ -44,6 +44,11 @@ SCALINGS = ("standardize", "unit", "symmetric", "none")
 PROTOCOLS = ("algorithm3", "authors")
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
 INITS = ("auto", "zeros", "normal", "module", "torch-linear")
+MAX_SEED = 2**32 - 1
+"""The largest ``--seed``: the data split's random state (scikit-learn's) takes 32 bits."""
+MAX_STEP_SIZE = 1e15
+"""The largest ``--step-size``: η²/2 stays finite in float32 (and far beyond any step that
+samples)."""
 IN_MEMORY = "<in-memory tensors>"
 """What ``config.json`` records as the dataset of data given to Python as tensors."""
 
@@ -578,6 +583,8 @@ class RunConfig:
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
+        # (before the defaults, some of which divide by the dimension)
+        _need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
         cfg = self._resolve_model_and_data()
         builtin = isinstance(cfg.dataset, str) and cfg.user_data_file is None
         model_key = cfg.model if cfg.model in ("logistic", "mlp") else "module"
@@ -889,6 +896,12 @@ class RunConfig:
             f"--step-size must be a positive number, got {eta}",
         )
         _need(
+            eta is None or eta <= MAX_STEP_SIZE,
+            f"--step-size {eta:g} is too large (at most {MAX_STEP_SIZE:g}, so that η²/2 stays "
+            "a finite float); step sizes that sample are small: try 1e-3, or leave it to the "
+            "dataset's default",
+        )
+        _need(
             math.isfinite(self.rho) and 0.0 <= self.rho <= 1.0,
             f"--rho must be in [0, 1], got {self.rho}",
         )
@@ -979,7 +992,11 @@ class RunConfig:
         """``--thin``, ``--chains``, ``--dim``, and the parameters of the client split."""
         _need(self.thin >= 1, f"--thin must be ≥ 1, got {self.thin}")
         _need(self.chains is None or self.chains >= 1, f"--chains must be ≥ 1, got {self.chains}")
-        _need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
+        _need(
+            0 <= self.seed <= MAX_SEED,
+            f"--seed must be an integer in [0, {MAX_SEED}] (the data split's random state "
+            f"takes 32 bits), got {self.seed}",
+        )
         _need(
             self.dirichlet_alpha > 0 and math.isfinite(self.dirichlet_alpha),
             f"--dirichlet-alpha must be a positive number, got {self.dirichlet_alpha}",

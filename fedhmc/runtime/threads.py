@@ -35,6 +35,11 @@ def parse_threads(value: str | int | None) -> int | str | None:
         n = 0
     if n < 1:
         raise ConfigError(f"--threads must be a positive integer or 'auto', got {value!r}")
+    cores = os.cpu_count() or 1
+    if n > cores:
+        raise ConfigError(
+            f"--threads {n}: this machine has {cores} cores; use at most {cores} (or auto)"
+        )
     return n
 
 

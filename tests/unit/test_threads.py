@@ -10,13 +10,16 @@ from fedhmc.errors import ConfigError
 from fedhmc.runtime.threads import AUTO_WORK, auto_threads, gradient_work, parse_threads
 
 
-def test_parse_threads():
+def test_parse_threads(monkeypatch):
+    monkeypatch.setattr("os.cpu_count", lambda: 4)
     assert parse_threads("auto") == "auto"
     assert parse_threads(None) is None
-    assert parse_threads("3") == 3
+    assert parse_threads("3") == 3 and parse_threads(4) == 4
     for bad in ("0", "-1", "many", 0):
         with pytest.raises(ConfigError, match="--threads"):
             parse_threads(bad)
+    with pytest.raises(ConfigError, match=r"^--threads 100000: this machine has 4 cores; use at"):
+        parse_threads("100000")  # (torch would try to start them: out of memory)
 
 
 def test_auto_is_one_thread_for_small_work_and_every_core_for_large():
