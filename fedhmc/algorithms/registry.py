@@ -11,11 +11,16 @@ Pure PyTorch: no Flower import.
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
+import re
+import sys
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
+
+from fedhmc.errors import ConfigError
 
 if TYPE_CHECKING:  # the modules are imported when an entry's module or settings are used:
     # the run configuration reads the facts without importing torch (a ServerApp sends its
@@ -161,8 +166,17 @@ class Entry:
 
     @property
     def module(self) -> ModuleType:
-        """The algorithm's module (``module_path``, a fixed name of this file's)."""
-        return importlib.import_module(self.module_path)
+        """The algorithm's module (``module_path``); another package's that does not import
+        is a one-line `ConfigError`."""
+        try:
+            return importlib.import_module(self.module_path)
+        except Exception as e:
+            if self.module_path.startswith("fedhmc."):
+                raise
+            raise ConfigError(
+                f"--algorithm {self.name}: its module {self.module_path} does not import "
+                f"({_first_line(e)}); fix or uninstall the package that provides it"
+            ) from None
 
 
 _FAHMC = dict(
@@ -234,27 +248,76 @@ PLUGIN_GROUP = "fedhmc.algorithms"
 A Flower simulation's workers find them too, as they find the package."""
 
 
+PLUGIN_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
+"""What another package's sampler may be called: lowercase words joined by single hyphens."""
+
+
+def _first_line(e: BaseException) -> str:
+    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
+
+
 def _plugins(taken: set[str]) -> tuple[Entry, ...]:
-    """The entries that installed packages declare under ``PLUGIN_GROUP``; one that does
-    not load, is not an Entry or takes a name already listed is left out, with one line
-    on stderr."""
-    import sys
+    """The entries that installed packages declare under ``PLUGIN_GROUP``. One whose import
+    fails (however: an exception, ``sys.exit``, a KeyboardInterrupt), that is not an Entry,
+    whose name is not a sampler name or is already listed, is left out with one line on
+    stderr, and the others still load."""
     from importlib.metadata import entry_points
 
     out = []
     for point in entry_points(group=PLUGIN_GROUP):
         try:
             e = point.load()
-        except Exception as exc:  # noqa: BLE001 - another package's failure: said, not fatal
-            print(f"fedhmc: sampler {point.value} not loaded: {exc}", file=sys.stderr)
-            continue
-        if not isinstance(e, Entry) or e.name in taken:
-            why = "takes a name already listed" if isinstance(e, Entry) else "is not an Entry"
-            print(f"fedhmc: sampler {point.value} not loaded: it {why}", file=sys.stderr)
+        except BaseException as exc:  # noqa: BLE001 - another package's failure: said, not fatal
+            why = f"its import failed ({_first_line(exc)})"
+        else:
+            why = _plugin_refusal(e, taken)
+        if why is not None:
+            print(f"fedhmc: sampler {point.value} not loaded: {why}", file=sys.stderr)
             continue
         taken.add(e.name)
-        out.append(e)
+        out.append(dataclasses.replace(e, settings=_checked_settings(e)))
     return tuple(out)
+
+
+def _plugin_refusal(e, taken: set[str]) -> str | None:
+    if not isinstance(e, Entry):
+        return f"it is a {type(e).__name__}, not an Entry"
+    if not isinstance(e.name, str) or not PLUGIN_NAME.fullmatch(e.name):
+        return (
+            f"its name {e.name!r} is not a sampler name (lowercase letters and digits, "
+            "words joined by single hyphens: my-sampler)"
+        )
+    if e.name in taken:
+        return f"its name {e.name!r} is already listed"
+    if not callable(e.settings) or not isinstance(e.module_path, str):
+        return "an Entry needs a module_path and a settings(config) callable"
+    return None
+
+
+def _checked_settings(e: Entry) -> Callable:
+    """``e.settings``, whose failure or result of another kind is a one-line `ConfigError`
+    naming the sampler (a `ConfigError` of its own, a refusal, passes as it is)."""
+    build = e.settings
+
+    def settings(cfg):
+        try:
+            got = build(cfg)
+        except ConfigError:
+            raise
+        except Exception as exc:
+            raise ConfigError(
+                f"--algorithm {e.name}: its settings(config) failed ({_first_line(exc)}); fix "
+                f"or uninstall the package that provides {e.module_path}"
+            ) from None
+        if not dataclasses.is_dataclass(got) or isinstance(got, type):
+            raise ConfigError(
+                f"--algorithm {e.name}: its settings(config) returned a value of type "
+                f"{type(got).__name__}, "
+                f"not a Settings dataclass; fix the package that provides {e.module_path}"
+            )
+        return got
+
+    return settings
 
 
 ENTRIES: tuple[Entry, ...] = BUILTIN + _plugins({e.name for e in BUILTIN})
