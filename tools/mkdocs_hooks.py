@@ -18,10 +18,16 @@ its tables written out, so that it reads whole as a file; ``python tools/mkdocs_
 until it is run), and the build writes them anew too. A page that has the commands table
 but no ``cli-options`` line for one of the commands fails the (strict) build.
 
+A page line ``<!-- include: FILE -->`` becomes the text of ``FILE``, a path from the
+repository root, as it is: the changelog page shows CHANGELOG.md this way, so the site and
+the file cannot differ. Its links to ``docs/...`` point to the site's pages; its other
+relative links, to files outside the site, point to the repository.
+
 The tables that the paper experiments write (``results/paper-*/paper_*.md``) and the
 benchmark reports get the whole width of the window, results tables whose cells hold a
-spread ("0.8436 ± 0.0007") keep each value on one line, and no table breaks a name
-(``--max-failed-rounds``) or a short value (``5e-5``) at its hyphens.
+spread ("0.8436 ± 0.0007") keep each value on one line, no table breaks a name
+(``--max-failed-rounds``) or a short value (``5e-5``) at its hyphens, and no inline code
+anywhere breaks at a hyphen.
 """
 
 from __future__ import annotations
@@ -31,6 +37,7 @@ import dataclasses
 import html
 import inspect
 import logging
+import posixpath
 import re
 
 MARKER = "<!-- runconfig-options -->"
@@ -285,7 +292,43 @@ def algorithms_table() -> str:
     return "\n".join(rows)
 
 
+INCLUDE = re.compile(r"^<!-- include: ([\w./-]+) -->$", re.M)
+_LINK = re.compile(r"\]\((?![a-z]+:|#|/)([^)\s]+)\)")
+
+
+def include(markdown: str, page_uri: str, root, repo_url: str | None) -> str:
+    """``markdown`` with each ``<!-- include: FILE -->`` line replaced by the text of
+    ``root/FILE``; the included links to ``docs/X`` made relative to the page at
+    ``page_uri`` (a path under docs/), and its other relative links into the repository."""
+    from pathlib import Path
+
+    def link(m: re.Match) -> str:
+        target = m.group(1)
+        if target.startswith("docs/"):
+            here = posixpath.dirname(page_uri) or "."
+            return f"]({posixpath.relpath(target.removeprefix('docs/'), here)})"
+        if repo_url:
+            return f"]({repo_url.rstrip('/')}/blob/main/{target})"
+        return m.group(0)
+
+    def text(m: re.Match) -> str:
+        return _LINK.sub(link, (Path(root) / m.group(1)).read_text(encoding="utf-8"))
+
+    return INCLUDE.sub(text, markdown)
+
+
+def _repo_url(config) -> str | None:
+    """The repository's address, from the site's footer link (``extra.social``)."""
+    for item in (config.get("extra") or {}).get("social") or []:
+        if "github" in str(item.get("icon", "")):
+            return item.get("link")
+    return None
+
+
 def on_page_markdown(markdown: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
+    if INCLUDE.search(markdown):
+        root = posixpath.dirname(config["config_file_path"])
+        markdown = include(markdown, page.file.src_uri, root, _repo_url(config))
     if _GENERATED_TABLE.match(page.file.src_uri):
         page.meta.setdefault("hide", ["navigation", "toc"])
     if MARKER in markdown:
@@ -314,10 +357,34 @@ def _table(table: str) -> str:
     return f'<div class="numbers">{table}</div>' if _SPREAD.search(table) else table
 
 
+# Inline code elsewhere (running text, lists, headings, the rest of a table's code): never
+# broken at a hyphen. Code without spaces (`--max-failed-rounds`) stays on one line; code
+# with spaces (a command) may still wrap at its spaces, but each word of it that has a
+# hyphen stays whole. Code blocks (<pre>) are left as they are.
+_PRE = re.compile(r"(<pre\b.*?</pre>)", re.S)
+_INLINE_CODE = re.compile(r"<code>([^<]*-[^<]*)</code>")
+_HYPHENATED_WORD = re.compile(r"\S*-\S*")
+
+
+def _inline_code(m: re.Match) -> str:
+    text = m.group(1)
+    if not re.search(r"\s", text):
+        return f'<code class="nowrap">{text}</code>'
+    return "<code>" + _HYPHENATED_WORD.sub(r'<span class="nowrap">\g<0></span>', text) + "</code>"
+
+
+def keep_hyphens(html_text: str) -> str:
+    """``html_text`` with its inline code (outside <pre>) marked so that no hyphen breaks."""
+    parts = _PRE.split(html_text)
+    for i in range(0, len(parts), 2):  # the parts between code blocks
+        parts[i] = _INLINE_CODE.sub(_inline_code, parts[i])
+    return "".join(parts)
+
+
 def on_page_content(html_text: str, page, config, files) -> str:  # noqa: ARG001 (hook API)
     """Tables of results (cells with a spread, "0.8436 ± 0.0007") keep each value on one line,
-    and every table keeps names and short values whole."""
-    return _TABLE.sub(lambda m: _table(m.group(0)), html_text)
+    every table keeps names and short values whole, and no inline code breaks at a hyphen."""
+    return keep_hyphens(_TABLE.sub(lambda m: _table(m.group(0)), html_text))
 
 
 if __name__ == "__main__":  # python tools/mkdocs_hooks.py --write-cli

@@ -367,3 +367,143 @@ def test_the_command_line_page_names_every_command_and_option(site):
                     missing.append(f"fedhmc {name} {flag}")
     assert not missing, "missing from the command-line page: " + ", ".join(missing)
     assert {"--help", "fedhmc --version"} <= page.code[""]
+
+
+# ------------------------------------------------------------------ reports and changelog
+def test_every_benchmark_report_is_linked_from_another_page(pages, site):
+    """A report that no other page links (the nav, the benchmarks page or the changelog)
+    cannot be found on the site."""
+    reports = sorted(p.parent.name for p in site.glob("results/benchmarks/2*/index.html"))
+    assert len(reports) == len(list((DOCS / "results" / "benchmarks").glob("2*.md")))
+    linked = set()
+    for p, page in pages.items():
+        for link in page.links:
+            target = urlsplit(link).path.rstrip("/").rsplit("/", 1)[-1]
+            if target in reports and p.parent.name != target:
+                linked.add(target)
+    assert sorted(set(reports) - linked) == []
+
+
+def test_the_changelog_page_is_changelog_md(pages, site):
+    page = pages[site / "changelog" / "index.html"]
+    text = " ".join("".join(page.prose).split())
+    source = (ROOT / "CHANGELOG.md").read_text(encoding="utf-8")
+    headings = re.findall(r"^#{1,3} (.+)$", source, re.M)
+    assert headings and all(h.replace("`", "") in text for h in headings)
+    assert "include:" not in text
+
+
+# ------------------------------------------------------------ hyphens, seen in Chromium
+# Inline code (outside code blocks) must not break at a hyphen (`--max-failed-rounds` split
+# over two lines reads as two options). Chromium lays every page out at a desktop and a
+# phone width; for each hyphen of inline code, the hyphen and the character after it must
+# be on the same line.
+HYPHEN_JS = r"""
+function broken(doc) {
+  const out = [];
+  codes: for (const code of doc.querySelectorAll('article code, .check code')) {
+    if (code.closest('pre')) continue;
+    const walker = doc.createTreeWalker(code, NodeFilter.SHOW_TEXT);
+    for (let node = walker.nextNode(); node; node = walker.nextNode()) {
+      const t = node.data;
+      for (let i = 0; i + 1 < t.length; i++) {
+        if (t[i] !== '-') continue;
+        const r = doc.createRange();
+        r.setStart(node, i); r.setEnd(node, i + 1); const a = r.getBoundingClientRect();
+        r.setStart(node, i + 1); r.setEnd(node, i + 2); const b = r.getBoundingClientRect();
+        if (a.height === 0 || b.height === 0) continue;  // not shown (a closed block)
+        if (b.top >= a.bottom - 1) { out.push(code.textContent); continue codes; }
+      }
+    }
+  }
+  return out;
+}
+window.addEventListener('load', () => {
+  const res = {};
+  for (const f of document.querySelectorAll('iframe')) {
+    let found;
+    try { found = broken(f.contentDocument); } catch (e) { found = ['cannot read: ' + e]; }
+    if (!f.contentDocument || !f.contentDocument.querySelector('article, .check'))
+      found = ['the page did not load'];
+    if (found.length) res[f.dataset.page + ' at ' + f.width + ' px'] = found;
+  }
+  const pre = document.createElement('pre');
+  pre.id = 'result';
+  pre.textContent = JSON.stringify(res);
+  document.body.appendChild(pre);
+});
+"""
+WIDTHS = (1280, 400)
+# A page of the check's own: the same code in a narrow column, as the site marks it and
+# bare. The check must find the bare one broken, or it would pass on anything.
+PROBE = """<!doctype html><html><head><style>
+.check { width: 7em; font: 16px monospace } .nowrap { white-space: nowrap }
+</style></head><body><div class="check">
+<p>see <code class="nowrap">--max-failed-rounds</code> here</p>
+<p>see <code>--max-failed-rounds</code> here</p>
+</div></body></html>"""
+
+
+def _chromium() -> str | None:
+    for name in ("chromium", "chromium-browser", "google-chrome", "google-chrome-stable"):
+        if shutil.which(name):
+            return shutil.which(name)
+    return None
+
+
+def hyphen_breaks(site: Path, pages: list[str], work: Path) -> dict[str, list[str]]:
+    """Page at width → the inline code that Chromium breaks at a hyphen there."""
+    import html as html_lib
+    import json
+
+    frames = [("probe", (work / "probe.html").as_uri())]
+    frames += [(p, (site / p).as_uri()) for p in pages]
+    (work / "probe.html").write_text(PROBE, encoding="utf-8")
+    body = "".join(
+        f'<iframe data-page="{name}" src="{uri}" width="{w}" height="900"></iframe>'
+        for name, uri in frames
+        for w in WIDTHS
+    )
+    harness = work / "check.html"
+    harness.write_text(
+        f"<!doctype html><html><body>{body}<script>{HYPHEN_JS}</script></body></html>"
+    )
+    cmd = [
+        _chromium(), "--headless", "--no-sandbox", "--disable-gpu", "--disable-web-security",
+        "--allow-file-access-from-files", f"--user-data-dir={work / 'profile'}",
+        "--virtual-time-budget=120000", "--dump-dom", harness.as_uri(),
+    ]  # fmt: skip
+    proc = subprocess.run(cmd, capture_output=True, text=True, timeout=900)
+    found = re.search(r'<pre id="result">(.*?)</pre>', proc.stdout, re.S)
+    assert found, f"Chromium gave no result (status {proc.returncode}): {proc.stderr[-2000:]}"
+    return json.loads(html_lib.unescape(found.group(1)))
+
+
+def test_inline_code_never_breaks_at_a_hyphen_in_chromium(site, tmp_path):
+    if _chromium() is None:
+        pytest.skip("Chromium is not installed (apt-get install chromium)")
+    pages = sorted(str(p.relative_to(site)) for p in site.rglob("index.html"))
+    got = hyphen_breaks(site, pages, tmp_path)
+    probe = {k: v for k, v in got.items() if k.startswith("probe ")}
+    assert probe == {f"probe at {w} px": ["--max-failed-rounds"] for w in WIDTHS}, probe
+    broken = {k: v for k, v in got.items() if not k.startswith("probe ")}
+    assert not broken, f"inline code broken at a hyphen: {broken}"
+
+
+def test_the_site_marks_inline_code_so_that_hyphens_hold():
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("site_hooks", ROOT / "tools" / "mkdocs_hooks.py")
+    hooks = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(hooks)
+    html = (
+        "<p><code>--burn-in</code> and <code>fedhmc run --resume DIR</code> and <code>x</code></p>"
+        "<pre><code>fedhmc run --max-failed-rounds 2</code></pre>"
+    )
+    assert hooks.keep_hyphens(html) == (
+        '<p><code class="nowrap">--burn-in</code> and <code>fedhmc run '
+        '<span class="nowrap">--resume</span> DIR</code> and <code>x</code></p>'
+        "<pre><code>fedhmc run --max-failed-rounds 2</code></pre>"
+    )
+    css = (DOCS / "assets" / "css" / "extra.css").read_text(encoding="utf-8")
+    assert re.search(r"^\.md-typeset \.nowrap \{\s*white-space: nowrap;", css, re.M)
