@@ -48,3 +48,15 @@ class RunInterrupted(FedHMCError):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+def loads_json(text: str | bytes):
+    """``json.loads``, where JSON nested too deeply to read (Python's recursion limit; a
+    file fedhmc writes nests a few levels) is a ValueError like any other bad JSON, not a
+    RecursionError."""
+    import json
+
+    try:
+        return json.loads(text)
+    except RecursionError:
+        raise ValueError("its JSON is nested too deeply to be a file fedhmc writes") from None

@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import numpy as np
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 
 
 def add_diagnose_command(sub) -> None:
@@ -83,7 +82,7 @@ def _rounds_for(run: Path, draws: int) -> int | None:
         from fedhmc.runtime.config import RunConfig
         from fedhmc.runtime.engine import is_collect_round
 
-        cfg = RunConfig.from_mapping(json.loads((run / "config.json").read_text()))
+        cfg = RunConfig.from_mapping(loads_json((run / "config.json").read_text()))
         kept = 0
         for r in range(1, 10_000_000):
             kept += is_collect_round(cfg, r)
@@ -100,7 +99,7 @@ def parameter_names(run: Path, dim: int) -> list[str]:
 
     def read(name):
         try:
-            return json.loads((run / name).read_text())
+            return loads_json((run / name).read_text())
         except (OSError, ValueError):
             return {}
 

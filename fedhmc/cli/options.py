@@ -10,7 +10,7 @@ import dataclasses
 import math
 import typing
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 from fedhmc.runtime.config import RunConfig, with_settings_added
 
 
@@ -128,12 +128,11 @@ def print_final_table(result) -> None:
 def resume_config(run_dir: str, given: dict) -> RunConfig:
     """The config of the run in ``run_dir`` with the options given now (only ``--rounds``
     may differ from the checkpoint's; the check names any other difference)."""
-    import json
     from pathlib import Path
 
     path = Path(run_dir) / "config.json"
     try:
-        saved = json.loads(path.read_text())
+        saved = loads_json(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(
             f"--resume {run_dir}: no readable config.json there ({e}); is it a run directory?"

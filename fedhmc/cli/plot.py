@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import math
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
@@ -82,7 +83,21 @@ def check_header(path: Path) -> None:
         )
 
 
+def _check_inputs(args: argparse.Namespace) -> None:
+    """One-line refusals of a table that is no file or folder (a device, a fifo: reading
+    it would never end) and of a threshold that is not a number."""
+    table = Path(args.table)
+    if table.exists() and not (table.is_file() or table.is_dir()):
+        raise ConfigError(
+            f"{args.table} is not a regular file; give results.csv, a sweep folder, or a "
+            "run's metrics.csv"
+        )
+    if args.threshold is not None and not math.isfinite(args.threshold):
+        raise ConfigError(f"--threshold must be a finite number, got {args.threshold}")
+
+
 def cmd_plot(args: argparse.Namespace) -> int:
+    _check_inputs(args)
     csv_path = _csv_of(Path(args.table))
     if csv_path is not None:
         check_header(csv_path)
@@ -97,6 +112,10 @@ def cmd_plot(args: argparse.Namespace) -> int:
     metric = args.metric or default_metric(rows)
     name = "plot-metrics" if args.kind == "metrics" else f"plot-{args.kind}-{metric}"
     stem = args.out or str(where / name)
+    if args.out is not None:
+        from fedhmc.runtime.output import check_out_file
+
+        check_out_file(args.out, example=name)
     paths = plot(
         rows,
         args.kind,

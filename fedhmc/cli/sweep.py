@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
 from pathlib import Path
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 from fedhmc.sweep.cells import run_sweep
 from fedhmc.sweep.grid import load_sweep_file, parse_grid
 from fedhmc.sweep.table import (
@@ -121,7 +120,7 @@ def report_failed_cells(out: str | os.PathLike) -> int:
     (``out/sweep.json``), with the first one."""
     path = Path(out) / "sweep.json"
     try:
-        cells = json.loads(path.read_text())["cells"]
+        cells = loads_json(path.read_text())["cells"]
     except (OSError, ValueError, KeyError, TypeError):
         return 0  # run_sweep wrote it; nothing to report without it
     failed = [c for c in cells if c.get("status") not in RESULTS]

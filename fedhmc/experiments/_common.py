@@ -36,7 +36,6 @@ PROTOCOL_ORDER = ("authors", "algorithm3")
 """The two protocols the ``paper-*`` experiments run side by side, in the tables' order."""
 
 
-
 def run_experiment_cells(out_dir: Path, base: dict, cells: list[dict]) -> list[dict]:
     """Run each cell (``base`` updated by the cell) into ``out_dir/cells/`` through
     fedhmc.sweep.cells, one after another in this process.

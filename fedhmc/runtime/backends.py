@@ -36,11 +36,12 @@ def saved_compile(out) -> bool | None:
     """The ``--compile`` that the run in folder ``out`` recorded in its config.json: False for
     a run recorded before the option existed (its gradients were not compiled), None where
     it played no part or nothing is readable (the default rule decides)."""
-    import json
     from pathlib import Path
 
+    from fedhmc.errors import loads_json
+
     try:
-        saved = json.loads((Path(out) / "config.json").read_text())
+        saved = loads_json((Path(out) / "config.json").read_text())
     except (OSError, ValueError):
         return None
     if not isinstance(saved, dict):

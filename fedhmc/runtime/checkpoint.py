@@ -43,7 +43,7 @@ from pathlib import Path
 import torch
 
 from fedhmc import __version__
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 
 FORMAT = 4
 """The format `save` writes. 4: what ``metrics.csv`` held is recorded (``metrics``); 3: θ̄
@@ -141,7 +141,7 @@ HEADER_FIELDS = {"format": int, "version": str, "round": int, "bytes": int, "sha
 def _header(line: bytes) -> dict:
     """A checkpoint's first line as its header, or ValueError naming what is wrong."""
     try:
-        header = json.loads(line)
+        header = loads_json(line)
     except (ValueError, UnicodeDecodeError):
         raise ValueError("its first line is not a JSON header") from None
     if not isinstance(header, dict):

@@ -771,8 +771,9 @@ class RunConfig:
 
             path = os.path.abspath(os.path.expanduser(ds))
             if not os.path.isfile(path):
+                what = "not a regular file" if os.path.exists(path) else "no such file"
                 raise ConfigError(
-                    f"--dataset {ds}: no such file; give the path of an .npz holding x_train, "
+                    f"--dataset {ds}: {what}; give the path of an .npz holding x_train, "
                     "y_train, x_test and y_test, or a dataset name (fedhmc data --list)"
                 )
             sha = sha256_of(path)
@@ -872,6 +873,11 @@ class RunConfig:
         _need(
             not (self.resume and self.overwrite),
             "--resume continues the run in --out and --overwrite replaces it; pick one",
+        )
+        tb = self.tensorboard
+        _need(
+            tb is None or not os.path.exists(tb) or os.path.isdir(tb),
+            f"--tensorboard {tb} is a file; give a folder for its event files (new or existing)",
         )
 
     def _check_data_and_clients(self) -> None:

@@ -13,7 +13,6 @@ their replies.
 from __future__ import annotations
 
 import csv
-import json
 import math
 import signal
 import sys
@@ -27,7 +26,7 @@ from typing import Protocol
 import torch
 
 from fedhmc.algorithms import registry
-from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted
+from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted, loads_json
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
 from fedhmc.runtime.config import RunConfig
@@ -233,7 +232,7 @@ def prepare_out(cfg: RunConfig) -> dict | None:
     if holds and not cfg.overwrite:
         status = ""
         try:
-            summary = json.loads((out / "summary.json").read_text())
+            summary = loads_json((out / "summary.json").read_text())
             status = f" ({summary.get('status')}, {summary.get('rounds_completed')} rounds)"
         except (OSError, ValueError):
             pass

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 
 STAT_COLUMNS = (
     "round",
@@ -127,7 +127,7 @@ def load_samples(run: str | Path) -> np.ndarray:
 def _read_json(path: Path) -> dict:
     """A run's JSON file as a dict, or a one-line ``ConfigError``."""
     try:
-        value = json.loads(path.read_text())
+        value = loads_json(path.read_text())
     except (OSError, ValueError) as e:
         raise ConfigError(f"cannot read {path} ({e}); restore it from the run") from None
     if not isinstance(value, dict):
@@ -217,8 +217,10 @@ def to_inference_data(run_dir: str | Path):
 def export_arviz(run_dir: str | Path, out: str | Path | None = None) -> Path:
     """Write ``to_inference_data(run_dir)`` as netCDF (default ``RUN_DIR/posterior.nc``),
     atomically; returns the path."""
-    from fedhmc.runtime.output import PRIVATE_MODE, open_private, refuse_links
+    from fedhmc.runtime.output import PRIVATE_MODE, check_out_file, open_private, refuse_links
 
+    if out is not None:
+        check_out_file(out, example="posterior.nc")
     idata = to_inference_data(run_dir)
     path = Path(out) if out is not None else Path(run_dir) / "posterior.nc"
     if out is None:  # inside the run folder: a link planted there is refused
@@ -229,10 +231,15 @@ def export_arviz(run_dir: str | Path, out: str | Path | None = None) -> Path:
     try:
         idata.to_netcdf(str(tmp), engine="h5netcdf")
         os.chmod(tmp, PRIVATE_MODE)
+        tmp.replace(path)
     except (ValueError, ImportError) as e:
         tmp.unlink(missing_ok=True)
         raise ConfigError(
             f"could not write {path} ({e}); pip install 'fedhmc[arviz]' for the h5netcdf backend"
         ) from None
-    tmp.replace(path)
+    except OSError as e:  # a full disk, a folder where the file would go: nothing left behind
+        tmp.unlink(missing_ok=True)
+        raise ConfigError(
+            f"could not write {path} ({e.strerror or e}); nothing was written"
+        ) from None
     return path

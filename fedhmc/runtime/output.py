@@ -156,6 +156,20 @@ def check_out_folder(folder: str | os.PathLike) -> None:
         )
 
 
+def check_out_file(path: str | os.PathLike, option: str = "--out", example: str = "out.nc") -> Path:
+    """``path`` as a file to write, or a one-line refusal: not a folder (nor the root), in
+    a folder that exists."""
+    p = Path(path).expanduser()
+    if p.is_dir() or p.name in ("", ".", ".."):
+        raise ConfigError(
+            f"{option} {path} is a folder; give the path of a file to write, such as "
+            f"{Path(path) / example}"
+        )
+    if not p.parent.is_dir():
+        raise ConfigError(f"{option} {path}: no folder {p.parent}; create it first")
+    return p
+
+
 def mark_folder(folder: str | os.PathLike) -> None:
     """Write fedhmc's `MARKER` into ``folder`` (kept when it is there already)."""
     path = Path(folder) / MARKER

@@ -15,7 +15,7 @@ import os
 import time
 from pathlib import Path
 
-from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted
+from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted, loads_json
 from fedhmc.runtime.config import RunConfig, recorded_settings
 from fedhmc.runtime.lock import FolderLock
 from fedhmc.runtime.output import mark_folder
@@ -29,8 +29,8 @@ def cell_done(cell_dir: str | os.PathLike, settings: dict | RunConfig) -> bool:
     same computation (same_run_settings; ``out`` and the other run-only keys aside)."""
     cell_dir = Path(cell_dir)
     try:
-        summary = json.loads((cell_dir / "summary.json").read_text())
-        config = json.loads((cell_dir / "config.json").read_text())
+        summary = loads_json((cell_dir / "summary.json").read_text())
+        config = loads_json((cell_dir / "config.json").read_text())
     except (OSError, ValueError):
         return False
     if summary.get("status") not in ("completed", "diverged"):
@@ -122,7 +122,7 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
     finally:
         torch.set_num_threads(old)
     try:
-        recorded = json.loads((Path(cell_dir) / "summary.json").read_text()).get("status")
+        recorded = loads_json((Path(cell_dir) / "summary.json").read_text()).get("status")
     except (OSError, ValueError):
         recorded = None
     if recorded and recorded != "completed":

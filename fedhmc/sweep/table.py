@@ -11,7 +11,7 @@ import os
 from collections.abc import Iterable
 from pathlib import Path
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, loads_json
 from fedhmc.runtime.config import RunConfig
 from fedhmc.sweep.grid import RUN_ONLY_KEYS
 
@@ -25,8 +25,6 @@ SUMMARY_METRICS = ("accuracy", "nll_mean", "brier", "ece", "w2", "mean_error")
 
 HIGHER_IS_BETTER = frozenset({"accuracy"})
 """Metrics where larger is better; every other metric is better when smaller."""
-
-
 
 
 def _num(v):
@@ -80,11 +78,11 @@ def cell_rows(cell_dir: Path, cell: str | None = None, config: dict | None = Non
     """
     cell_dir = Path(cell_dir)
     try:
-        config = json.loads((cell_dir / "config.json").read_text())
+        config = loads_json((cell_dir / "config.json").read_text())
     except (OSError, ValueError):
         config = config or {}
     try:
-        status = json.loads((cell_dir / "summary.json").read_text()).get("status", "unknown")
+        status = loads_json((cell_dir / "summary.json").read_text()).get("status", "unknown")
     except (OSError, ValueError):
         status = "incomplete" if (cell_dir / "metrics.csv").exists() else "missing"
     head = {"cell": cell or cell_dir.name, "status": status}
@@ -99,7 +97,7 @@ def cell_rows(cell_dir: Path, cell: str | None = None, config: dict | None = Non
 def build_table(out: str | os.PathLike) -> list[dict]:
     """Rebuild the sweep's tidy table from ``out/sweep.json`` and the cells' files."""
     out = Path(out)
-    record = json.loads((out / "sweep.json").read_text())
+    record = loads_json((out / "sweep.json").read_text())
     rows: list[dict] = []
     for c in record["cells"]:
         cell_dir = out / c["dir"]

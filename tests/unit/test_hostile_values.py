@@ -27,3 +27,67 @@ def test_a_hostile_value_is_one_line(cli, tmp_path, argv, line):
     lines = stderr.strip().splitlines()
     assert len(lines) == 1 and lines[0].startswith(f"fedhmc run: error: {line}"), stderr
     assert "Traceback" not in stderr and not out.exists()
+
+
+@pytest.fixture(scope="module")
+def finished_run(tmp_path_factory):
+    from fedhmc.cli.main import main
+
+    out = tmp_path_factory.mktemp("runs") / "r1"
+    assert main(["run", "--rounds", "2", "--save-samples", "--out", str(out), "--quiet"]) == 0
+    return out
+
+
+def _one_line(code, stderr, start):
+    lines = stderr.strip().splitlines()
+    assert code == 2 and len(lines) == 1 and lines[0].startswith(start), stderr
+    return lines[0]
+
+
+@pytest.mark.parametrize("command", ["export", "plot"])
+def test_an_output_file_that_is_a_folder_or_has_no_folder_is_one_line(
+    cli, finished_run, tmp_path, command
+):
+    pytest.importorskip("h5netcdf") if command == "export" else None
+    (tmp_path / "exists").mkdir()
+    for out, why in (("/", "is a folder"), (tmp_path / "exists", "is a folder"),
+                     (tmp_path / "nothere" / "x", "no folder")):  # fmt: skip
+        code, _, err = cli(command, finished_run, "--out", out)
+        assert why in _one_line(code, err, f"fedhmc {command}: error: --out {out}")
+    assert list((tmp_path / "exists").iterdir()) == []  # no .tmp left behind
+
+
+def test_a_dataset_or_table_that_is_no_regular_file_is_one_line(cli, tmp_path):
+    code, _, err = cli("run", "--dataset", "/dev/zero", "--rounds", "1", "--out", tmp_path / "r")
+    assert "not a regular file" in _one_line(code, err, "fedhmc run: error: --dataset /dev/zero")
+    code, _, err = cli("plot", "/dev/zero")  # (it read forever)
+    _one_line(code, err, "fedhmc plot: error: /dev/zero is not a regular file")
+
+
+def test_a_threshold_that_is_not_a_number_is_refused(cli, finished_run):
+    code, _, err = cli("plot", finished_run, "--kind", "rounds-to", "--threshold", "nan")
+    _one_line(code, err, "fedhmc plot: error: --threshold must be a finite number, got nan")
+
+
+def test_a_tensorboard_file_is_refused_before_anything_is_written(cli, tmp_path):
+    (tmp_path / "afile").write_text("mine")
+    out = tmp_path / "r"
+    code, _, err = cli("run", "--tensorboard", tmp_path / "afile", "--rounds", "1", "--out", out)
+    _one_line(code, err, f"fedhmc run: error: --tensorboard {tmp_path / 'afile'} is a file")
+    assert not out.exists()
+
+
+def test_json_nested_too_deeply_is_one_line(cli, finished_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "deep"
+    shutil.copytree(finished_run, run)
+    config = (run / "config.json").read_text()
+    (run / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+    code, _, err = cli("run", "--resume", run)
+    assert "nested too deeply" in _one_line(code, err, f"fedhmc run: error: --resume {run}")
+    (run / "config.json").write_text(config)
+    blob = (run / "checkpoint.pt").read_bytes()
+    (run / "checkpoint.pt").write_bytes(b"[" * 100_000 + b"]" * 100_000 + blob[blob.index(b"\n") :])
+    code, _, err = cli("run", "--resume", run)
+    _one_line(code, err, "fedhmc run: error: cannot resume from")
