@@ -159,6 +159,9 @@ def _header(line: bytes) -> dict:
             raise ValueError(
                 f"its header's {key!r} is {value!r}, not the {kind.__name__} fedhmc writes"
             )
+    if header["bytes"] < 0 or header["round"] < 0:
+        raise ValueError(f"its header's byte count or round is negative ({header['bytes']}, "
+                         f"{header['round']}), not what fedhmc writes")  # fmt: skip
     if "config" in header and not isinstance(header["config"], dict):
         raise ValueError("its header's 'config' is not an object")
     return header

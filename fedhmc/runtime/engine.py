@@ -233,8 +233,10 @@ def prepare_out(cfg: RunConfig) -> dict | None:
         status = ""
         try:
             summary = loads_json((out / "summary.json").read_text())
-            status = f" ({summary.get('status')}, {summary.get('rounds_completed')} rounds)"
-        except (OSError, ValueError):
+            said, rounds = summary.get("status"), summary.get("rounds_completed")
+            if isinstance(said, str) and isinstance(rounds, int):
+                status = f" ({said}, {rounds} rounds)"
+        except (OSError, ValueError, AttributeError):
             pass
         raise ConfigError(
             f"--out {cfg.out} already holds a run{status}; continue it with "

@@ -91,3 +91,24 @@ def test_json_nested_too_deeply_is_one_line(cli, finished_run, tmp_path):
     (run / "checkpoint.pt").write_bytes(b"[" * 100_000 + b"]" * 100_000 + blob[blob.index(b"\n") :])
     code, _, err = cli("run", "--resume", run)
     _one_line(code, err, "fedhmc run: error: cannot resume from")
+
+
+def test_a_summary_without_status_and_a_negative_byte_count_read_plainly(
+    cli, finished_run, tmp_path
+):
+    import json
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    (run / "summary.json").write_text('{"x": 1}')
+    code, _, err = cli("run", "--rounds", "1", "--out", run)
+    line = _one_line(code, err, f"fedhmc run: error: --out {run} already holds a run;")
+    assert "None" not in line  # it said "(None, None rounds)"
+    blob = (run / "checkpoint.pt").read_bytes()
+    header = json.loads(blob[: blob.index(b"\n")])
+    header["bytes"] = -5
+    (run / "checkpoint.pt").write_bytes(json.dumps(header).encode() + blob[blob.index(b"\n") :])
+    code, _, err = cli("run", "--resume", run)
+    line = _one_line(code, err, "fedhmc run: error: cannot resume from")
+    assert "negative" in line and "of -5 bytes" not in line
