@@ -63,11 +63,7 @@ def check_enough(run: Path, draws: np.ndarray) -> None:
         )
     if n < MIN_DRAWS:
         more = _rounds_for(run, MIN_DRAWS)
-        how = (
-            f"fedhmc run --resume {run} --rounds {more}"
-            if more is not None
-            else f"fedhmc run --resume {run} --rounds with more rounds"
-        )
+        how = f"{_resume(run)} --rounds " + (str(more) if more is not None else "with more rounds")
         raise ConfigError(
             f"{run} has only {n} draw{'s' if n != 1 else ''} per chain ({chains} chains): "
             f"diagnostics need at least {MIN_DRAWS}, and a draw is kept each --thin rounds "
@@ -91,6 +87,19 @@ def _rounds_for(run: Path, draws: int) -> int | None:
     except Exception:  # noqa: BLE001 - a hint only: without it the message stays true
         return None
     return None
+
+
+def _resume(run: Path) -> str:
+    """``fedhmc run --resume RUN`` with what the resume needs besides the folder (the
+    ``--model`` of the user's own model: a folder never names code that runs)."""
+    from fedhmc.runtime.checkpoint import resume_flags
+
+    try:
+        saved = loads_json((run / "config.json").read_text())
+        flags = resume_flags(saved) if isinstance(saved, dict) else ""
+    except (OSError, ValueError):
+        flags = ""
+    return f"fedhmc run --resume {run}{flags}"
 
 
 def parameter_names(run: Path, dim: int) -> list[str]:
@@ -140,7 +149,7 @@ def cmd_diagnose(args) -> int:
     if text and dg.too_short(diag):
         more = _rounds_for(run, dg.RELIABLE_DRAWS)
         if more is not None:
-            text += f": fedhmc run --resume {run} --rounds {more}"
+            text += f": {_resume(run)} --rounds {more}"
     if text:
         print(f"warning: {text}")
     return 0

@@ -185,3 +185,17 @@ def test_a_short_run_says_it_is_too_short_and_diagnose_names_the_parameters(tmp_
     np.save(out / "samples.npy", np.ones_like(draws))
     lines = _diagnose(out, capsys)
     assert len(lines) == 1 and "the chains did not move" in lines[0]
+
+
+def test_diagnose_hints_a_resume_that_names_the_users_model(cli, tmp_path):
+    """A run of the user's own model resumes only with --model again: diagnose's hint to run
+    more rounds says so."""
+    out = tmp_path / "run"
+    code, _, err = cli(
+        "run", "--model", "torch.nn:Linear", "--model-arg", "in_features=64;out_features=10",
+        "--rounds", "3", "--burn-in", "0", "--chains", "2", "--save-samples", "--out", out,
+        "--quiet",
+    )  # fmt: skip
+    assert code == 0, err
+    code, _, err = cli("diagnose", out)
+    assert code == 2 and f"fedhmc run --resume {out} --model torch.nn:Linear --rounds" in err
