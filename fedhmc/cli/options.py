@@ -125,6 +125,27 @@ def print_final_table(result) -> None:
         print(f"  {k:<{width}}  {v}")
 
 
+def _refuse_changed(saved: dict, given: dict, cfg: RunConfig) -> None:
+    """A setting given for a resume that differs from the run's, refused in one line by
+    its name before the run's settings and the new one are checked together (which would
+    blame another option: ``--algorithm sgld`` on a FA-HMC run complained of its
+    ``--leapfrog-steps``)."""
+    from fedhmc.runtime.checkpoint import RESUMABLE_CHANGES
+
+    try:
+        run = RunConfig.from_mapping(saved)
+    except ConfigError:
+        return  # the run's own settings are refused by the checks that follow
+    for key in given:
+        was, now = getattr(run, key, None), getattr(cfg, key, None)
+        if key not in RESUMABLE_CHANGES and was is not None and was != now:
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(
+                f"cannot resume: {flag} was {was!r} in the run and is {now!r} now; drop {flag} "
+                "(only --rounds and --device may change) or start a new run"
+            )
+
+
 def resume_config(run_dir: str, given: dict) -> RunConfig:
     """The config of the run in ``run_dir`` with the options given now (only ``--rounds``
     may differ from the checkpoint's; the check names any other difference)."""
@@ -153,6 +174,7 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
     saved = with_settings_added(saved)  # (a run recorded before a setting existed)
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
+    _refuse_changed(saved, given, cfg)
     burn = saved.get("burn_in")
     if isinstance(burn, int) and cfg.rounds <= burn and "burn_in" not in given:
         raise ConfigError(

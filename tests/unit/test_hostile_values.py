@@ -112,3 +112,13 @@ def test_a_summary_without_status_and_a_negative_byte_count_read_plainly(
     code, _, err = cli("run", "--resume", run)
     line = _one_line(code, err, "fedhmc run: error: cannot resume from")
     assert "negative" in line and "of -5 bytes" not in line
+
+
+def test_a_resume_refuses_another_algorithm_by_its_own_name(cli, finished_run, tmp_path):
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    code, _, err = cli("run", "--resume", run, "--algorithm", "sgld")
+    line = _one_line(code, err, "fedhmc run: error: cannot resume: --algorithm was 'fahmc'")
+    assert "leapfrog" not in line  # it blamed --leapfrog-steps, never given
