@@ -39,6 +39,7 @@ in the user's code it was raised; allocation failures pass through unchanged.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import importlib
 import math
@@ -296,7 +297,13 @@ def load_factory(spec: str) -> Callable[..., torch.nn.Module]:
             f"--model {spec!r}: both sides of ':' are needed, as in mypackage.nets:make_cnn"
         )
     try:
-        module = _import(mod_name)
+        with _exits_raise():
+            module = _import(mod_name)
+    except SystemExit as e:
+        raise ConfigError(
+            f"--model {spec}: importing {mod_name!r} ended the program ({_exit_call(e)}); a "
+            "module fedhmc imports must not exit"
+        ) from None
     except ModuleNotFoundError as e:
         raise ConfigError(
             f"--model {spec}: cannot import {mod_name!r} ({e}); run from the folder that "
@@ -317,6 +324,31 @@ def load_factory(spec: str) -> Callable[..., torch.nn.Module]:
     if not callable(obj):
         raise ConfigError(f"--model {spec}: {attr!r} is not callable; name a factory function")
     return obj
+
+
+@contextlib.contextmanager
+def _exits_raise():
+    """While the user's code runs: ``os._exit`` raises SystemExit as ``sys.exit`` does, so
+    that a factory that ends the process is said in one line (it left with its code and no
+    word)."""
+    real = os._exit
+
+    def _exit(code):
+        raise _HardExit(code) from None
+
+    os._exit = _exit
+    try:
+        yield
+    finally:
+        os._exit = real
+
+
+class _HardExit(SystemExit):
+    """``os._exit`` called by the user's code (see `_exits_raise`)."""
+
+
+def _exit_call(e: SystemExit) -> str:
+    return f"it called {'os._exit' if isinstance(e, _HardExit) else 'sys.exit'}({e.code!r})"
 
 
 def _import(name: str):
@@ -492,7 +524,13 @@ class TorchModel:
             timer.daemon = True
             timer.start()
             try:
-                module = f(**self.kwargs)
+                with _exits_raise():
+                    module = f(**self.kwargs)
+            except SystemExit as e:
+                raise ModelError(
+                    f"--model {self.name}: the factory ended the program ({_exit_call(e)}) "
+                    "instead of returning a network; fix the factory"
+                ) from None
             except TypeError as e:
                 raise ConfigError(
                     f"--model {self.name}: calling the factory with {self.kwargs or 'no'} "

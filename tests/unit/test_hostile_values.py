@@ -122,3 +122,22 @@ def test_a_resume_refuses_another_algorithm_by_its_own_name(cli, finished_run, t
     code, _, err = cli("run", "--resume", run, "--algorithm", "sgld")
     line = _one_line(code, err, "fedhmc run: error: cannot resume: --algorithm was 'fahmc'")
     assert "leapfrog" not in line  # it blamed --leapfrog-steps, never given
+
+
+@pytest.mark.parametrize(
+    "body, call",
+    [
+        ("sys.exit(0)", "sys.exit(0)"),
+        ("sys.exit(3)", "sys.exit(3)"),
+        ("os._exit(5)", "os._exit(5)"),
+    ],
+)
+def test_a_model_factory_that_exits_is_one_line(cli, tmp_path, monkeypatch, body, call):
+    """It exited 0 having done nothing (or with its own code and no word)."""
+    name = "exiting_" + "".join(c for c in body if c.isalnum())  # one module per case
+    (tmp_path / f"{name}.py").write_text(f"import os, sys\n\ndef make():\n    {body}\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    code, _, err = cli("run", "--model", f"{name}:make", "--rounds", "1", "--out", out)
+    line = _one_line(code, err, f"fedhmc run: error: --model {name}:make: the factory")
+    assert f"ended the program (it called {call})" in line
