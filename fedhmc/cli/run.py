@@ -67,7 +67,10 @@ def cmd_run(args: argparse.Namespace) -> int:
         resolved = cfg.resolve()  # refusals (another data file, data in memory) come first
         check_resume(args.resume_dir, resolved, given)  # then the checkpoint's, silently
     else:
+        from fedhmc.runtime.config import refuse_unused
+
         cfg = config_from_args(args)
+        refuse_unused(cfg.resolve(), config_values(args))  # no option accepted without effect
     from fedhmc_datasets.memory import is_out_of_memory
 
     from fedhmc.core.progress import set_quiet

@@ -16,6 +16,7 @@ import dataclasses
 import math
 import os
 import typing
+from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
 from fedhmc.algorithms import registry
@@ -117,6 +118,50 @@ NULLABLE = (
 )
 """The settings that ``config.json`` records as ``null`` where they played no part in the
 run (`recorded_settings`); a ``null`` one reads back as its default."""
+
+
+def _samplers(fact) -> str:
+    """The ``--algorithm`` names whose registry entry has ``fact``, as "a, b or c"."""
+    names = [e.name for e in registry.ENTRIES if fact(e)]
+    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+def applies_to(key: str) -> str:
+    """What the setting ``key`` applies to, for the refusal of one that a run would not use
+    (`refuse_unused`)."""
+    network = "a network given as an nn.Module (--model cnn or PACKAGE.MODULE:FACTORY)"
+    if key in _SPLIT_USES:
+        return f"--partition {_SPLIT_USES[key]}"
+    table = {
+        "hidden": "--model mlp",
+        "model_batching": network,
+        "compile": network,
+        "rho": "--algorithm " + _samplers(lambda e: e.leapfrog),
+        "anchor_batch_size": "--algorithm " + _samplers(lambda e: e.anchor),
+        "staleness": "--algorithm " + _samplers(lambda e: not e.federated),
+        "max_staleness": "--algorithm " + _samplers(lambda e: e.asynchronous),
+        "participation": "--clients-per-round",
+    }
+    table["staleness_dist"] = table["staleness"]
+    table["max_worker_failures"] = table["max_staleness"]
+    if key in _FLOWER_SETTINGS:
+        return "--backend flower"
+    return table.get(key, "a dataset of examples (not a Gaussian target, which has no data)")
+
+
+def refuse_unused(cfg: RunConfig, given: Collection[str]) -> None:
+    """Refuse, in one line, an option given for a run (``given``: RunConfig field names)
+    that the resolved run ``cfg`` would make no use of: the MLP's ``--hidden`` with
+    ``--model cnn``, ``--round-timeout`` on the engine, ``--max-staleness`` with FA-HMC."""
+    for key in unused_settings(cfg.to_dict()):
+        if key in given:
+            flag = "--" + key.replace("_", "-")
+            value = getattr(cfg, key, None)
+            shown = flag if isinstance(value, bool) or value is None else f"{flag} {value}"
+            raise ConfigError(
+                f"{shown} applies to {applies_to(key)}; this run would make no use of it: "
+                f"drop {flag}"
+            )
 
 
 def unused_settings(config: dict) -> list[str]:
@@ -903,8 +948,8 @@ class RunConfig:
         )
         _need(
             eta is None or eta <= MAX_STEP_SIZE,
-            f"--step-size {eta:g} is too large (at most {MAX_STEP_SIZE:g}, so that η²/2 stays "
-            "a finite float); step sizes that sample are small: try 1e-3, or leave it to the "
+            f"--step-size {eta} is too large (at most {MAX_STEP_SIZE:g}, so that η²/2 stays a "
+            "finite float); step sizes that sample are small: try 1e-3, or leave it to the "
             "dataset's default",
         )
         _need(

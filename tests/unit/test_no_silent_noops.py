@@ -176,11 +176,27 @@ def test_overwrite_removes_the_replaced_runs_export(cli, tmp_path):
 
 
 def test_a_value_given_to_a_setting_that_played_no_part_does_not_block_a_resume(cli, tmp_path):
+    """(The command line refuses such a value; Python takes it, and records it as null.)"""
+    from fedhmc.runtime.engine import run
+
     data = _tiny_npz(tmp_path / "d.npz")
     out = tmp_path / "r"
-    code, _, err = cli("run", "--dataset", data, *CNN, "--rounds", "2", "--hidden", "7",
-                       "--round-timeout", "30", "--out", out)  # fmt: skip
-    assert code == 0, err
+    code, _, err = cli("run", "--dataset", data, *CNN, "--rounds", "1", "--hidden", "7",
+                       "--out", out)  # fmt: skip
+    assert code == 2 and "--hidden 7 applies to --model mlp" in err and not out.exists()
+    cfg = RunConfig(
+        dataset=str(data),
+        model="cnn",
+        local_steps=2,
+        leapfrog_steps=2,
+        batch_size=5,
+        chains=2,
+        rounds=2,
+        hidden="7",
+        round_timeout=30,
+        out=str(out),
+    )  # fmt: skip (the CNN options above, from Python)
+    run(cfg, progress=False)
     config = json.loads((out / "config.json").read_text())
     assert config["hidden"] is None and config["round_timeout"] is None
     code, _, err = cli("run", "--resume", out, "--rounds", "3", "--quiet")

@@ -1,0 +1,88 @@
+"""No option is accepted without effect: an option given to ``fedhmc run`` that the run
+would make no use of is refused in one line that names what it applies to."""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+
+from fedhmc.algorithms import registry
+from fedhmc.errors import ConfigError
+from fedhmc.runtime.config import NULLABLE, RunConfig, refuse_unused, unused_settings
+
+VALUES = {
+    "hidden": "8", "model_batching": "loop", "compile": True, "partition": "shards",
+    "dirichlet_alpha": 0.3, "min_client_size": 2, "classes_per_client": 2,
+    "quantity_sigma": 0.5, "scaling": "none", "ece_bins": 10, "rho": 0.5,
+    "anchor_batch_size": 10, "staleness": 2, "staleness_dist": "uniform",
+    "max_staleness": 3, "max_worker_failures": 2, "client_gpus": 0.5, "round_timeout": 5.0,
+    "straggler_factor": 2.0, "straggler_floor": 1.0, "min_clients": 2,
+    "node_wait_timeout": 5.0, "on_failure": "renormalize", "max_failed_rounds": 2,
+    "participation": "uniform",
+}  # fmt: skip
+"""A valid value, other than the default, for every setting a run may leave unused."""
+
+SETUPS = [
+    dict(dataset=d, model=m) for d, m in (("digits", "logistic"), ("digits", "mlp"),
+                                          ("digits", "cnn"), ("gaussian-hetero", "logistic"))
+]  # fmt: skip
+
+
+def test_every_setting_a_run_may_leave_unused_has_a_value_here():
+    skip = {"model", "model_arg"}  # (what --model names: tested by the CLI cases below)
+    assert set(NULLABLE) - skip <= set(VALUES)
+
+
+def _resolved(**kw):
+    try:
+        return RunConfig(**kw).resolve()
+    except ConfigError:
+        return None  # a combination no run takes (async-sgld on the engine, ...)
+
+
+@pytest.mark.parametrize("algorithm", registry.NAMES)
+def test_every_option_against_every_backend_and_model(algorithm):
+    """For every setting, backend and model (and the Gaussian target): the option given
+    is refused, naming it, exactly where the run would leave it unused."""
+    checked = 0
+    for setup, backend in itertools.product(SETUPS, ("engine", "flower")):
+        base = _resolved(algorithm=algorithm, backend=backend, **setup)
+        if base is None:
+            continue
+        unused = set(unused_settings(base.to_dict()))
+        for key, value in VALUES.items():
+            given = base.replace(**{key: value})
+            if key in unused:
+                with pytest.raises(ConfigError, match="^--" + key.replace("_", "-") + " "):
+                    refuse_unused(given, {key})
+            else:
+                refuse_unused(given, {key})
+            checked += 1
+    assert checked > 0
+
+
+@pytest.mark.parametrize(
+    "argv, applies",
+    [
+        (["--round-timeout", "5.0"], "--backend flower"),
+        (["--min-clients", "2"], "--backend flower"),
+        (["--model", "cnn", "--hidden", "10"], "--model mlp"),
+        (["--anchor-batch-size", "10"], "--algorithm fahmc-debiased"),
+        (["--max-staleness", "3"], "--algorithm async-sghmc or async-sgld"),
+        (["--model-batching", "loop"], "a network given as an nn.Module"),
+        (["--algorithm", "sgld", "--rho", "0.5"], "--algorithm fahmc, fald or fahmc-debiased"),
+        (["--dataset", "gaussian-hetero", "--ece-bins", "10"], "a dataset of examples"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_the_command_line_refuses_an_option_without_effect(cli, tmp_path, argv, applies):
+    out = tmp_path / "run"
+    code, _, err = cli("run", *argv, "--rounds", "1", "--out", out)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    flag = next(a for a in argv if a.startswith("--") and a not in ("--model", "--algorithm",
+                                                                    "--dataset"))  # fmt: skip
+    value = argv[argv.index(flag) + 1]
+    assert lines[0].startswith(f"fedhmc run: error: {flag} {value} applies to {applies}")
+    assert not out.exists()
