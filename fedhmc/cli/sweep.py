@@ -20,11 +20,23 @@ from fedhmc.sweep.table import (
 )
 
 
+def _selectable() -> tuple[str, ...]:
+    """The metrics a cell's final row holds, which ``--select best-by`` may name."""
+    from fedhmc.runtime.problem import GAUSSIAN_COLUMNS, PREDICTIVE_COLUMNS
+
+    return (*PREDICTIVE_COLUMNS, *GAUSSIAN_COLUMNS, "energy_error", "wall_s", "grad_evals")
+
+
 def _parse_select(text: str) -> str:
     key, sep, metric = text.partition("=")
     if key.strip() != "best-by" or not sep or not metric.strip():
         raise ConfigError(f"--select must look like best-by=nll_mean, got {text!r}")
-    return metric.strip()
+    metric = metric.strip()
+    if metric not in _selectable():  # now, not after every cell has run
+        raise ConfigError(
+            f"--select best-by={metric}: no such metric; choose one of {', '.join(_selectable())}"
+        )
+    return metric
 
 
 def add_sweep_command(sub) -> None:
@@ -74,7 +86,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     if args.file:
         grid, base = load_sweep_file(args.file)
     if args.grid:
-        grid.update(parse_grid(args.grid))
+        given = parse_grid(args.grid)
+        both = sorted(set(given) & set(grid))
+        if both:
+            raise ConfigError(
+                f"--grid {both[0]} is also a grid axis of {args.file}; give each axis in one "
+                "place (the file or --grid)"
+            )
+        grid.update(given)
     if not grid:
         raise ConfigError('give --grid "KEY=V1,V2 ..." or --file sweep.toml')
     config_from_args(args)  # checks the fixed options' values

@@ -141,3 +141,21 @@ def test_a_model_factory_that_exits_is_one_line(cli, tmp_path, monkeypatch, body
     code, _, err = cli("run", "--model", f"{name}:make", "--rounds", "1", "--out", out)
     line = _one_line(code, err, f"fedhmc run: error: --model {name}:make: the factory")
     assert f"ended the program (it called {call})" in line
+
+
+def test_a_sweep_refuses_an_unknown_selection_metric_before_running(cli, tmp_path):
+    out = tmp_path / "sweep"
+    code, _, err = cli("sweep", "--grid", "seed=0,1", "--rounds", "1", "--select",
+                       "best-by=nonexistent", "--out", out)  # fmt: skip
+    _one_line(code, err, "fedhmc sweep: error: --select best-by=nonexistent: no such metric")
+    assert not out.exists()  # it was refused after every cell had run
+
+
+def test_a_grid_axis_in_both_the_file_and_the_command_line_is_refused(cli, tmp_path):
+    toml = tmp_path / "sweep.toml"
+    toml.write_text("[grid]\nstep-size = [0.01, 0.02]\nseed = [0]\n")
+    out = tmp_path / "sweep"
+    code, _, err = cli("sweep", "--file", toml, "--grid", "step-size=0.05", "--rounds", "1",
+                       "--out", out)  # fmt: skip
+    _one_line(code, err, f"fedhmc sweep: error: --grid step-size is also a grid axis of {toml}")
+    assert not out.exists()
