@@ -121,7 +121,29 @@ def load_samples(run: str | Path) -> np.ndarray:
             f"{path} holds {draws.dtype} values, not the floats that --save-samples writes; "
             "restore it, or run again with --save-samples"
         )
+    _check_width(path, draws)
     return draws
+
+
+def _check_width(path: Path, draws: np.ndarray) -> None:
+    """A one-line ``ConfigError`` when the draws are not of the run's parameters and
+    chains (as its summary.json and config.json say, where they are readable)."""
+
+    def recorded(name: str, key: str):
+        try:
+            value = loads_json((path.parent / name).read_text()).get(key)
+        except (OSError, ValueError, AttributeError):
+            return None
+        return value if isinstance(value, int) and not isinstance(value, bool) else None
+
+    for axis, name, key, what in ((2, "summary.json", "dim", "parameters"),
+                                  (1, "config.json", "chains", "chains")):  # fmt: skip
+        want = recorded(name, key)
+        if want is not None and draws.shape[axis] != want:
+            raise ConfigError(
+                f"{path} holds draws of {draws.shape[axis]} {what}, the run has {want} (its "
+                f"{name}): it is not this run's; restore it, or run again with --save-samples"
+            )
 
 
 def _read_json(path: Path) -> dict:

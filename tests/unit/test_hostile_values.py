@@ -159,3 +159,20 @@ def test_a_grid_axis_in_both_the_file_and_the_command_line_is_refused(cli, tmp_p
                        "--out", out)  # fmt: skip
     _one_line(code, err, f"fedhmc sweep: error: --grid step-size is also a grid axis of {toml}")
     assert not out.exists()
+
+
+@pytest.mark.parametrize("command", ["diagnose", "export"])
+def test_samples_of_another_width_are_refused(cli, finished_run, tmp_path, command):
+    """(They were exported and diagnosed as the run's.)"""
+    import shutil
+
+    import numpy as np
+
+    pytest.importorskip("h5netcdf") if command == "export" else None
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    np.save(run / "samples.npy", np.load(run / "samples.npy")[..., :12])
+    extra = ["--out", tmp_path / "x.nc"] if command == "export" else []
+    code, _, err = cli(command, run, *extra)
+    line = _one_line(code, err, f"fedhmc {command}: error: {run / 'samples.npy'} holds draws of 12")
+    assert "the run has 650 (its summary.json)" in line
