@@ -326,7 +326,14 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
                 "--init zeros or normal"
             )
         return torch.zeros(S, dim, dtype=dtype, device=device)
-    return model.init(init, keys, dtype).to(device)
+    theta = model.init(init, keys, dtype)
+    if not bool(torch.isfinite(theta).all()):  # (once, on the CPU; the chain would blame η)
+        raise ConfigError(
+            f"--init {init}: the initial position holds non-finite values (the model's "
+            f"initial weights, {cfg.model}); give the module finite weights, or start from "
+            "--init zeros or normal"
+        )
+    return theta.to(device)
 
 
 def build_model(cfg: RunConfig, data, device: torch.device | str = "cpu", gradients: bool = True):

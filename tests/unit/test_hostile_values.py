@@ -176,3 +176,15 @@ def test_samples_of_another_width_are_refused(cli, finished_run, tmp_path, comma
     code, _, err = cli(command, run, *extra)
     line = _one_line(code, err, f"fedhmc {command}: error: {run / 'samples.npy'} holds draws of 12")
     assert "the run has 650 (its summary.json)" in line
+
+
+def test_infinite_initial_weights_are_named_not_blamed_on_the_step_size(cli, tmp_path, monkeypatch):
+    (tmp_path / "inf_weights.py").write_text(
+        "import torch\nfrom torch import nn\n\n\ndef make():\n    net = nn.Linear(64, 10)\n"
+        "    with torch.no_grad():\n        net.weight.fill_(float('inf'))\n    return net\n"
+    )
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    code, _, err = cli("run", "--model", "inf_weights:make", "--rounds", "2", "--out", out)
+    line = _one_line(code, err, "fedhmc run: error: --init auto: the initial position holds")
+    assert "non-finite" in line and "step" not in line and not out.exists()
