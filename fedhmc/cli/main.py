@@ -6,6 +6,7 @@ Errors a user can cause print one line and exit with status 2; there is no trace
 from __future__ import annotations
 
 import argparse
+import signal
 import sys
 
 from fedhmc.cli.options import _Parser, add_config_options, add_threads_option
@@ -84,6 +85,14 @@ def _add_data_command(sub) -> None:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        return _main(argv)
+    except KeyboardInterrupt as e:  # (before a subcommand ran: nothing was written)
+        print("fedhmc: interrupted", file=sys.stderr)
+        return 128 + getattr(e, "signum", signal.SIGINT)
+
+
+def _main(argv: list[str] | None) -> int:
     parser = build_parser()
     args, extra = parser.parse_known_args(argv)
     if extra:  # named by the subcommand's parser, so that the error points to its --help
@@ -101,12 +110,12 @@ def main(argv: list[str] | None = None) -> int:
     except FedHMCError as e:
         print(f"fedhmc {args.command}: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         print(
             f"fedhmc {args.command}: interrupted; the files written so far are valid",
             file=sys.stderr,
         )
-        return 130
+        return 128 + getattr(e, "signum", signal.SIGINT)  # 130, or 143 for SIGTERM
 
 
 if __name__ == "__main__":  # pragma: no cover

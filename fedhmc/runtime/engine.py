@@ -167,6 +167,14 @@ def request_stop(signum: int) -> None:
     StopRequest.signum = signum
 
 
+class StoppedAtOnce(KeyboardInterrupt):
+    """A second SIGINT or SIGTERM: the run stops at once (exit status 128 + the signal)."""
+
+    def __init__(self, signum: int):
+        super().__init__(signum)
+        self.signum = int(signum)
+
+
 class _Stop:
     """Signal handling for the duration of a run: the first SIGINT/SIGTERM asks the run to
     stop after the round in flight; a second one stops it at once (KeyboardInterrupt).
@@ -194,7 +202,7 @@ class _Stop:
 
     def _handle(self, signum, frame):
         if self.signum is not None:
-            raise KeyboardInterrupt
+            raise StoppedAtOnce(signum)
         self.signum = signum
         if self.announce:
             print(
@@ -453,7 +461,7 @@ class _Run:
         self.writer.write_summary(self._running(self.start - 1))
         self.bar = _progress(self.cfg.rounds, self.progress, initial=self.start - 1)
         try:
-            with _Stop(announce=self.progress) as stop:
+            with _Stop(announce=True) as stop:
                 for r in range(self.start, self.cfg.rounds + 1):
                     self.r = r
                     self._round(r)
@@ -661,7 +669,12 @@ class _Run:
                 summary["convergence_warning"] = text
         if self.resumed:
             summary["resumed_from_round"] = self.start - 1
-        if self.status == "interrupted":
+        if self.status == "interrupted" and not (Path(self.cfg.out) / checkpoint.NAME).exists():
+            summary["note"] = (
+                "stopped before the first checkpoint: nothing to resume; start the run again "
+                f"with --overwrite --out {self.cfg.out}"
+            )
+        elif self.status == "interrupted":
             flags = checkpoint.resume_flags(self.cfg.to_dict())
             summary["resume"] = f"fedhmc run --resume {self.cfg.out}{flags}"
             if self.stop_round is None:

@@ -188,3 +188,52 @@ def test_infinite_initial_weights_are_named_not_blamed_on_the_step_size(cli, tmp
     code, _, err = cli("run", "--model", "inf_weights:make", "--rounds", "2", "--out", out)
     line = _one_line(code, err, "fedhmc run: error: --init auto: the initial position holds")
     assert "non-finite" in line and "step" not in line and not out.exists()
+
+
+def _started(out, rows: int = 2, limit_s: float = 120.0):
+    """Wait (on the files, not a clock's guess) until the run in ``out`` wrote ``rows``."""
+    import time
+
+    end = time.monotonic() + limit_s
+    while time.monotonic() < end:
+        m = out / "metrics.csv"
+        if m.exists() and len(m.read_text().splitlines()) > rows:
+            return
+        time.sleep(0.05)
+    raise AssertionError("the run did not start")
+
+
+def test_two_sigterms_exit_143_and_summary_recommends_only_a_resume_that_works(tmp_path):
+    """A second SIGTERM stops the run at once with 128 + 15 (it was 130, SIGINT's); before
+    the first checkpoint, summary.json says to start again, not to --resume (refused)."""
+    import json
+    import signal
+    import subprocess
+    import sys
+
+    out = tmp_path / "run"
+
+    def default_signals():
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)
+
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "fedhmc", "run", "--rounds", "100000", "--out", str(out),
+         "--quiet"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
+        preexec_fn=default_signals,
+    )  # fmt: skip
+    try:
+        _started(out)
+        proc.send_signal(signal.SIGTERM)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=300)
+    finally:
+        proc.kill()
+    assert proc.returncode == 143, err
+    assert "stopping after this round" in err  # said at once, --quiet or not
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "interrupted"
+    if (out / "checkpoint.pt").exists():  # (the first signal's round ended in between)
+        assert summary["resume"].startswith(f"fedhmc run --resume {out}")
+    else:
+        assert "resume" not in summary and "--overwrite" in summary["note"]
