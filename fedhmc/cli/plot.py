@@ -115,7 +115,7 @@ def cmd_plot(args: argparse.Namespace) -> int:
     if args.out is not None:
         from fedhmc.runtime.output import check_out_file
 
-        check_out_file(args.out, example=name)
+        check_out_file(args.out, example=name, made=True)  # (plot makes its folder)
     paths = plot(
         rows,
         args.kind,

@@ -82,7 +82,7 @@ def _metric_panels(rows: list[dict], hue: str, title: str, path: Path, paper: di
     fig.savefig(path.with_suffix(".pdf"))
 
 
-def summary_rows(rows: list[dict], hue: str) -> list[dict]:
+def summary_table_rows(rows: list[dict], hue: str) -> list[dict]:
     """A data experiment's summary table: the last round of each cell (``hue`` its
     setting), with the round's metrics and wall time."""
     last = max(r["round"] for r in rows)
@@ -106,7 +106,7 @@ def _data_experiment(
     rows = run_experiment_cells(out_dir, base, cells)
     file = name.replace("-", "_")
     _write(out_dir, file, rows, {})
-    table = summary_rows(rows, hue)
+    table = summary_table_rows(rows, hue)
     summary = {
         "experiment": name,
         "protocol": ALGORITHM3_AS_PRINTED,

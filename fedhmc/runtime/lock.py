@@ -19,10 +19,7 @@ import sys
 from pathlib import Path
 
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.output import MARKER, check_out_folder, refuse_links
-
-LOCK_NAME = ".lock"
-
+from fedhmc.runtime.output import LOCK_NAME, MARKER, check_out_folder, refuse_links
 
 _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 

@@ -36,6 +36,9 @@ def plain(v):
     return v
 
 
+LOCK_NAME = ".lock"
+"""The lock file of a folder in use (`fedhmc.runtime.lock.FolderLock`)."""
+
 MARKER = ".fedhmc"
 """The file by which fedhmc knows a folder as its own: every run, sweep and experiment
 folder holds it from its first file on. A folder that holds anything else and not this
@@ -119,8 +122,6 @@ def foreign_files(folder: str | os.PathLike) -> list[str]:
     folder = Path(folder)
     if _is_marker(folder / MARKER):
         return []
-    from fedhmc.runtime.lock import LOCK_NAME
-
     names = sorted(p.name for p in folder.iterdir())
     return [n for n in names if not (n == LOCK_NAME and _is_lock_file(folder / n))]
 
@@ -156,16 +157,18 @@ def check_out_folder(folder: str | os.PathLike) -> None:
         )
 
 
-def check_out_file(path: str | os.PathLike, option: str = "--out", example: str = "out.nc") -> Path:
+def check_out_file(
+    path: str | os.PathLike, option: str = "--out", example: str = "out.nc", made: bool = False
+) -> Path:
     """``path`` as a file to write, or a one-line refusal: not a folder (nor the root), in
-    a folder that exists."""
+    a folder that exists (or, ``made``, whose folder the writer makes)."""
     p = Path(path).expanduser()
     if p.is_dir() or p.name in ("", ".", ".."):
         raise ConfigError(
             f"{option} {path} is a folder; give the path of a file to write, such as "
             f"{Path(path) / example}"
         )
-    if not p.parent.is_dir():
+    if not made and not p.parent.is_dir():
         raise ConfigError(f"{option} {path}: no folder {p.parent}; create it first")
     return p
 
