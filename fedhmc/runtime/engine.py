@@ -406,6 +406,17 @@ class _Run:
         return self.wall_before + time.perf_counter() - self.t0
 
     # ------------------------------------------------------------------ start
+    def _check_width(self, saved: int) -> None:
+        """A model of another size than the checkpoint's θ̄ (the user's module changed
+        since the run), refused before any file of the run is touched."""
+        dim = int(self.about[0])
+        if saved != dim:
+            raise ConfigError(
+                f"cannot resume: the model has {dim} parameters now and the run's checkpoint "
+                f"{saved}: its module changed since the run; restore the module the run "
+                "used, or start a new run (--overwrite)"
+            )
+
     def open(self, resumed: dict | None) -> None:
         """Take back the checkpoint a resumed run continues from (``resumed``; None: a new
         run) and open the run's files."""
@@ -415,6 +426,7 @@ class _Run:
             # refused before any file of the run is touched.
             saved = checkpoint.to_device(resumed.get("backend") or {}, self.device)
             self.backend.load_state_dict(saved)
+            self._check_width(int(self.backend.position.shape[-1]))
             _note_extension(self.cfg, resumed)
             keep = _history_from_csv(Path(self.cfg.out) / "metrics.csv", int(resumed["round"]))
         written = resumed["metrics"] if resumed is not None else None  # checked: prepare_out

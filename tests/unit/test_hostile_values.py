@@ -239,3 +239,26 @@ def test_two_sigterms_exit_143_and_summary_recommends_only_a_resume_that_works(t
         assert summary["resume"].startswith(f"fedhmc run --resume {out}")
     else:
         assert "resume" not in summary and "--overwrite" in summary["note"]
+
+
+def test_a_resume_refuses_a_module_that_changed_size_before_touching_the_run(
+    cli, tmp_path, monkeypatch
+):
+    """(It resumed, failed at its next round and rewrote summary.json.)"""
+    module = tmp_path / "sized_net.py"
+    module.write_text("from torch import nn\n\ndef make():\n    return nn.Linear(64, 10)\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    out = tmp_path / "run"
+    spec = ["--model", "sized_net:make"]
+    assert cli("run", *spec, "--rounds", "2", "--quiet", "--out", out)[0] == 0
+    summary = (out / "summary.json").read_text()
+    module.write_text(
+        "from torch import nn\n\ndef make():\n"
+        "    return nn.Sequential(nn.Linear(64, 11), nn.Linear(11, 10))\n"
+    )
+    import sys
+
+    sys.modules.pop("sized_net", None)
+    code, _, err = cli("run", "--resume", out, *spec, "--rounds", "4")
+    line = _one_line(code, err, "fedhmc run: error: cannot resume: the model has 835 parameters")
+    assert "checkpoint 650" in line and (out / "summary.json").read_text() == summary
