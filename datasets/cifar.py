@@ -104,7 +104,8 @@ def load_cifar2(*, data_dir: str | os.PathLike | None = None, download: bool = F
     data_dir : path-like, optional
         First directory to look in (see `fedhmc_datasets.locate` for the order).
     download : bool
-        When no copy is found, let torchvision download CIFAR-10 into the cache directory.
+        When no copy is found, let torchvision download CIFAR-10 into ``data_dir`` (or the
+        cache directory).
 
     Returns
     -------
@@ -127,7 +128,7 @@ def load_cifar2(*, data_dir: str | os.PathLike | None = None, download: bool = F
                 "the CIFAR-10 python batches data_batch_1..5, test_batch and batches.meta; "
                 "pass --data-dir DIR holding them, set FEDHMC_DATA, or pass --download"
             )
-        root = locate.cache_dir()
+        root = locate.download_dir(data_dir)
         from torchvision.datasets import CIFAR10
 
         try:

@@ -40,6 +40,11 @@ def cache_dir() -> Path:
     return Path(env).expanduser() if env else Path.home() / ".cache" / "fedhmc"
 
 
+def download_dir(data_dir: str | os.PathLike | None) -> Path:
+    """Where ``--download`` puts a dataset: ``--data-dir`` when given, else the cache."""
+    return Path(data_dir).expanduser() if data_dir else cache_dir()
+
+
 def search_dirs(data_dir: str | os.PathLike | None, system: Iterable[Path] = ()) -> list[Path]:
     """Return the directories to look in, in order: ``data_dir``, ``FEDHMC_DATA``, system, cache.
 

@@ -139,7 +139,8 @@ def load_idx_images(
     data_dir : path-like, optional
         First directory to look in (see `fedhmc_datasets.locate` for the order).
     download : bool
-        When no copy is found, let torchvision download one into the cache directory.
+        When no copy is found, let torchvision download one into ``data_dir`` (or the cache
+        directory).
 
     Returns
     -------
@@ -159,7 +160,7 @@ def load_idx_images(
     if hit is None:
         if not download:
             raise _not_found(name, data_dir)
-        root = locate.cache_dir()
+        root = locate.download_dir(data_dir)
         try:
             cls(root=str(root), train=True, download=True)
         except (RuntimeError, URLError, OSError) as exc:

@@ -128,7 +128,7 @@ def load_dataset(
         First directory to look in for file-based datasets (then ``$FEDHMC_DATA``, the Debian
         directory for fashion-mnist, then the cache ``$FEDHMC_CACHE`` or ``~/.cache/fedhmc``).
     download : bool
-        Let torchvision download a missing file-based dataset into the cache.
+        Let torchvision download a missing file-based dataset into ``data_dir`` (or the cache).
     seed : int
         Seed of the train/test split (digits, breast-cancer) or of the simulation
         (blr-synthetic). The image datasets use their official split and ignore it.

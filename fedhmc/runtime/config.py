@@ -325,7 +325,11 @@ class RunConfig:
         "data that differs)",
         internal=True,
     )
-    download: bool = _f(False, "let torchvision download a dataset where a network exists")
+    download: bool = _f(
+        False,
+        "let torchvision download a dataset where a network exists (into --data-dir when "
+        "given, else the cache)",
+    )
     scaling: str | None = _f(
         None,
         "feature scaling: standardize, unit ([0, 1] pixels), symmetric ([-1, 1] pixels: "

@@ -262,3 +262,28 @@ def test_a_resume_refuses_a_module_that_changed_size_before_touching_the_run(
     code, _, err = cli("run", "--resume", out, *spec, "--rounds", "4")
     line = _one_line(code, err, "fedhmc run: error: cannot resume: the model has 835 parameters")
     assert "checkpoint 650" in line and (out / "summary.json").read_text() == summary
+
+
+@pytest.mark.parametrize("name", ["kmnist", "cifar2"])
+def test_download_goes_into_the_data_dir_given(tmp_path, monkeypatch, name):
+    """(It downloaded into the cache whatever --data-dir said.) No network here: torchvision's
+    dataset class is replaced by one that records where it was asked to download."""
+    import torchvision.datasets
+
+    asked = []
+
+    class Fake:
+        def __init__(self, root, train=True, download=False):
+            asked.append((root, download))
+            raise RuntimeError("no network in this test")
+
+    for cls in ("KMNIST", "CIFAR10"):
+        monkeypatch.setattr(torchvision.datasets, cls, Fake)
+    from fedhmc_datasets.registry import load_dataset
+
+    from fedhmc.errors import FedHMCError
+
+    monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    with pytest.raises(FedHMCError, match=f"into {tmp_path / 'mine'} failed"):
+        load_dataset(name, data_dir=tmp_path / "mine", download=True)
+    assert asked == [(str(tmp_path / "mine"), True)]
