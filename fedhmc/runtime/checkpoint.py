@@ -167,6 +167,49 @@ def _header(line: bytes) -> dict:
     return header
 
 
+PAYLOAD_FIELDS = {
+    "round": (int,),
+    "backend": (dict, type(None)),
+    "evaluator": (dict,),
+    "totals": (dict,),
+    "grad_evals": (int,),
+    "wall_s": (int, float),
+}
+"""The fields of a run's checkpoint payload, and their types: it is under the checksum,
+but a forged file can carry a valid one (`check_run_payload`)."""
+OPTIONAL_FIELDS = {
+    "device": (str,),
+    "keep_draws": (bool,),
+    "draws": (torch.Tensor, type(None)),
+    "samples": (torch.Tensor, type(None)),
+    "metrics": (dict, type(None)),
+}
+
+
+def check_run_payload(state: dict) -> None:
+    """ValueError naming the first field of a run's checkpoint payload that is missing or
+    not of the type fedhmc writes."""
+    for key, kinds in (*PAYLOAD_FIELDS.items(), *OPTIONAL_FIELDS.items()):
+        if key not in state and key in OPTIONAL_FIELDS:
+            continue
+        value = state.get(key)
+        if (
+            key not in state
+            or not isinstance(value, kinds)
+            or (isinstance(value, bool) and bool not in kinds)
+        ):
+            shown = "missing" if key not in state else f"a {type(value).__name__}"
+            want = " or ".join(k.__name__ for k in kinds)
+            raise ValueError(f"its {key!r} is {shown}, not the {want} fedhmc writes")
+    if state["round"] < 0 or not all(
+        isinstance(v, int) and not isinstance(v, bool) for v in state["totals"].values()
+    ):
+        raise ValueError("its round or totals are not the counts fedhmc writes")
+    draws = state.get("draws")
+    if draws is not None and (draws.dim() != 3 or not draws.is_floating_point()):
+        raise ValueError(f"its draws have shape {tuple(draws.shape)}, not (draws, chains, d)")
+
+
 def _open_checkpoint(path: Path):
     """``path`` opened for reading without following a symbolic link."""
     fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))

@@ -230,6 +230,13 @@ def prepare_out(cfg: RunConfig) -> dict | None:
     out = Path(cfg.out)
     if cfg.resume:
         state, problems = checkpoint.load(out)
+        try:
+            checkpoint.check_run_payload(state)
+        except ValueError as e:
+            raise ConfigError(
+                f"cannot resume from {str(out)!r}: {state['_file']} is unusable ({e}); run it "
+                "again without --resume (add --overwrite to replace it)"
+            ) from None
         for p in problems:
             print(f"fedhmc: warning: {p}; using {state['_file']}", file=sys.stderr)
         version = state["_header"]["version"]
@@ -427,6 +434,8 @@ class _Run:
             saved = checkpoint.to_device(resumed.get("backend") or {}, self.device)
             self.backend.load_state_dict(saved)
             self._check_width(int(self.backend.position.shape[-1]))
+            device = _evaluator_device(self.evaluator, self.device)  # (its running average)
+            self.evaluator.load_state_dict(checkpoint.to_device(resumed["evaluator"], device))
             _note_extension(self.cfg, resumed)
             keep = _history_from_csv(Path(self.cfg.out) / "metrics.csv", int(resumed["round"]))
         written = resumed["metrics"] if resumed is not None else None  # checked: prepare_out
@@ -462,8 +471,6 @@ class _Run:
             self.draws = list(resumed["draws"].cpu().unbind(0))
         if resumed.get("samples") is not None:
             self.writer.samples = [x.cpu().numpy() for x in resumed["samples"].unbind(0)]
-        device = _evaluator_device(self.evaluator, self.device)
-        self.evaluator.load_state_dict(checkpoint.to_device(resumed["evaluator"], device))
         self.result.history = history
 
     # ------------------------------------------------------------------ rounds

@@ -45,8 +45,12 @@ class PredictiveEvaluator:
 
     columns = ("samples", *PREDICTIVE_COLUMNS, "ece_bins")
 
-    def __init__(self, model, X_test: torch.Tensor, y_test: torch.Tensor, ece_bins: int = 15):
+    def __init__(
+        self, model, X_test: torch.Tensor, y_test: torch.Tensor, ece_bins: int = 15,
+        num_classes: int | None = None,
+    ):  # fmt: skip
         self.model = model
+        self.num_classes = num_classes  # (None: at least one past the largest test label)
         self.ece_bins = int(ece_bins)
         self.X = model.prepare(X_test)
         self.y = y_test.to(self.X.device)  # the labels where the predictive is computed
@@ -85,8 +89,20 @@ class PredictiveEvaluator:
         return {"count": self.bma.count, "log_probs": self.bma.log_probs}
 
     def load_state_dict(self, state: dict) -> None:
-        self.bma.count = int(state["count"])
-        lp = state["log_probs"]  # saved on the CPU: back to where the predictive is computed
+        count, lp = state.get("count"), state.get("log_probs")
+        points = int(self.X.shape[0])
+        fits = isinstance(lp, torch.Tensor) and lp.dim() == 2 and lp.shape[0] == points
+        classes = self.num_classes
+        fits = fits and (lp.shape[1] == classes if classes else lp.shape[1] > int(self.y.max()))
+        if not isinstance(count, int) or count < 0 or not (lp is None or fits):
+            shown = tuple(lp.shape) if isinstance(lp, torch.Tensor) else type(lp).__name__
+            raise ConfigError(
+                f"cannot resume: the checkpoint's model average is {shown} with count "
+                f"{count!r}, not one over this run's {points} test points; restore the run's "
+                "checkpoint, or start a new run (--overwrite)"
+            )
+        self.bma.count = count
+        # saved on the CPU: back to where the predictive is computed
         self.bma.log_probs = None if lp is None else lp.to(self.X.device)
 
 
@@ -201,8 +217,9 @@ def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
     data = _load(cfg)
     model = build_model(cfg, data, device, gradients=False)
     evaluator = PredictiveEvaluator(
-        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
-    )
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15,
+        num_classes=data.num_classes,
+    )  # fmt: skip
     return evaluator, model, model.dim, data.description
 
 
@@ -223,8 +240,9 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
     target = _clients_data_target(cfg, data, parts, None, device)
     model = target.model
     evaluator = PredictiveEvaluator(
-        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15
-    )
+        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15,
+        num_classes=data.num_classes,
+    )  # fmt: skip
     return Problem(target, evaluator, model, data.description)
 
 

@@ -287,3 +287,58 @@ def test_download_goes_into_the_data_dir_given(tmp_path, monkeypatch, name):
     with pytest.raises(FedHMCError, match=f"into {tmp_path / 'mine'} failed"):
         load_dataset(name, data_dir=tmp_path / "mine", download=True)
     assert asked == [(str(tmp_path / "mine"), True)]
+
+
+def _forge(run, change):
+    """``run``'s checkpoint with its payload changed by ``change`` and a valid checksum."""
+    import hashlib
+    import io
+    import json
+
+    import torch
+
+    blob = (run / "checkpoint.pt").read_bytes()
+    header = json.loads(blob[: blob.index(b"\n")])
+    state = torch.load(io.BytesIO(blob[blob.index(b"\n") + 1 :]), weights_only=True)
+    buf = io.BytesIO()
+    torch.save(change(state), buf)
+    payload = buf.getvalue()
+    header.update(bytes=len(payload), sha256=hashlib.sha256(payload).hexdigest())
+    (run / "checkpoint.pt").write_bytes(json.dumps(header).encode() + b"\n" + payload)
+    (run / "checkpoint.prev.pt").unlink(missing_ok=True)
+
+
+def _set(state, path, value):
+    target = state
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    return state
+
+
+@pytest.mark.parametrize(
+    "change, words",
+    [
+        (lambda s: {}, "its 'round' is missing"),
+        (lambda s: _set(s, ["round"], "two"), "its 'round' is a str"),
+        (lambda s: _set(s, ["draws"], "zzz"), "its 'draws' is a str"),
+        (lambda s: _set(s, ["totals", "clients"], "x"), "its round or totals are not"),
+        (lambda s: _set(s, ["evaluator", "log_probs"], __import__("torch").zeros(360, 13)),
+         "model average is (360, 13)"),
+        (lambda s: _set(s, ["backend", "fields", "position"], __import__("torch").zeros(1, 653)),
+         "the model has 650 parameters now and the run's checkpoint 653"),
+    ],
+    ids=["empty", "round-str", "draws-str", "totals", "wide-average", "wide-position"],
+)  # fmt: skip
+def test_a_forged_checkpoint_payload_is_one_line(cli, finished_run, tmp_path, change, words):
+    """A payload with a valid checksum but fields of the wrong kind or width (KeyError,
+    ValueError, AttributeError and RuntimeError tracebacks before)."""
+    import shutil
+
+    run = tmp_path / "run"
+    shutil.copytree(finished_run, run)
+    config = (run / "config.json").read_text()
+    _forge(run, change)
+    code, _, err = cli("run", "--resume", run, "--rounds", "9")
+    assert words in _one_line(code, err, "fedhmc run: error: cannot resume")
+    assert (run / "config.json").read_text() == config  # nothing rewritten
