@@ -27,6 +27,21 @@ class ModelError(FedHMCError, RuntimeError):
     exception is its ``__cause__``. A run it stops mid-way keeps its checkpoint."""
 
 
+MODEL_ERROR_CODE = 3701
+"""The error code of a Flower client's reply when the user's own module failed
+(`ModelError`): the same on every client and in every round, so the server stops the run
+at once with the client's one line instead of retrying rounds. Declared here, not in
+``fedhmc.runtime.wire`` (which re-exports it), because the ClientApp imports it: Flower
+starts a ClientApp process for every message, and wire imports PyTorch (seconds)."""
+
+
+class RunFailed(FedHMCError):
+    """The run could not go on for a reason outside its settings (the disk filled up): its
+    last checkpoint is kept. The command exits with status 1."""
+
+    exit_code = 1
+
+
 class NonFiniteError(FedHMCError, FloatingPointError):
     """The chain produced a non-finite position or energy."""
 

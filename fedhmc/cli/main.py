@@ -6,6 +6,7 @@ Errors a user can cause print one line and exit with status 2; there is no trace
 from __future__ import annotations
 
 import argparse
+import errno
 import signal
 import sys
 
@@ -109,7 +110,16 @@ def _main(argv: list[str] | None) -> int:
         return e.exit_code
     except FedHMCError as e:
         print(f"fedhmc {args.command}: error: {e}", file=sys.stderr)
-        return 2
+        return getattr(e, "exit_code", 2)  # 2: bad input; 1: a run that failed
+    except OSError as e:
+        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+            raise
+        print(
+            f"fedhmc {args.command}: error: the disk is full ({e.strerror}: "
+            f"{e.filename or 'writing a file'}); free some space and run it again",
+            file=sys.stderr,
+        )
+        return 1
     except KeyboardInterrupt as e:
         print(
             f"fedhmc {args.command}: interrupted; the files written so far are valid",

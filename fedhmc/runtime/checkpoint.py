@@ -114,11 +114,15 @@ def save(run_dir: str | os.PathLike, state: dict) -> Path:
         if isinstance(state.get(key), dict):
             header[key] = state[key]
     tmp = run_dir / (NAME + ".tmp")
-    with open_private(tmp) as f:
-        f.write(json.dumps(header, default=str).encode() + b"\n")
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
+    try:
+        with open_private(tmp) as f:
+            f.write(json.dumps(header, default=str).encode() + b"\n")
+            f.write(payload)
+            f.flush()
+            os.fsync(f.fileno())
+    except BaseException:  # (a full disk): the last checkpoint stays, no temporary file
+        tmp.unlink(missing_ok=True)
+        raise
     path = run_dir / NAME
     if path.exists():
         os.replace(path, run_dir / PREVIOUS)

@@ -13,6 +13,7 @@ their replies.
 from __future__ import annotations
 
 import csv
+import errno
 import math
 import signal
 import sys
@@ -26,7 +27,14 @@ from typing import Protocol
 import torch
 
 from fedhmc.algorithms import registry
-from fedhmc.errors import ConfigError, FedHMCError, NonFiniteError, RunInterrupted, loads_json
+from fedhmc.errors import (
+    ConfigError,
+    FedHMCError,
+    NonFiniteError,
+    RunFailed,
+    RunInterrupted,
+    loads_json,
+)
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
 from fedhmc.runtime.config import RunConfig
@@ -35,6 +43,8 @@ from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, init
 from fedhmc.runtime.threads import apply_threads, round_work, threads_restored
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The errors of a file the disk has no room for: the run stops, keeping its checkpoint."""
 
 
 def sampler_settings(cfg: RunConfig):
@@ -403,6 +413,7 @@ class _Run:
         self.keep_draws = theta0.dim() == 2 and theta0.shape[0] >= 2
         self.start, self.resumed = 1, False
         self.saved_round: int | None = None  # the newest checkpoint's round
+        self.disk_full: OSError | None = None  # a file the disk had no room for
         self.r: int | None = None  # the round in flight
         self.status, self.stop_round = "running", None
         self.writer: RunWriter | None = None
@@ -495,12 +506,27 @@ class _Run:
             self.status = "diverged" if self.status == "diverged" else "failed"
             self._explain(e)
             raise
+        except OSError as e:
+            self.status = "failed"
+            if e.errno not in DISK_FULL:
+                raise
+            self.disk_full = e
+            raise RunFailed(self._disk_full()) from None
         except Exception:
             self.status = "diverged" if self.status == "diverged" else "failed"
             raise
         finally:
             self._finish()
+        if self.disk_full is not None:  # the rounds ended, but not their files
+            raise RunFailed(self._disk_full())
         return self.result
+
+    def _disk_full(self) -> str:
+        e = self.disk_full
+        return (
+            f"the disk is full ({e.strerror}: {e.filename or 'a run file'}); the run stopped "
+            f"after round {self.r}; {_kept(self.cfg, self.saved_round)} (free some space first)"
+        )
 
     def _round(self, r: int) -> None:
         """Round ``r``: the backend's, then θ̄'s checks, evaluation and collection, and the
@@ -640,8 +666,19 @@ class _Run:
         if self.bar is not None:
             self.bar.close()
         self.result.summary = self._summary()
-        self.writer.write_samples()
-        self.writer.write_summary(self.result.summary)
+        try:
+            self.writer.write_samples()
+        except OSError as e:  # (no temporary file is left: the summary below may fit)
+            if e.errno not in DISK_FULL:
+                raise
+            self.disk_full, self.status = e, "failed"
+            self.result.summary = {**self._summary(), "failure": "the disk is full"}
+        try:
+            self.writer.write_summary(self.result.summary)
+        except OSError as e:
+            if e.errno not in DISK_FULL:
+                raise
+            self.disk_full, self.status = self.disk_full or e, "failed"
         self.writer.close()
         if self.tb is not None:
             self.tb.close()

@@ -215,8 +215,12 @@ def atomic_write(path: str | os.PathLike, write) -> None:
     path = Path(path)
     tmp = path.with_name(path.name + ".tmp")
     tmp.unlink(missing_ok=True)
-    write(tmp)
-    os.replace(tmp, path)
+    try:
+        write(tmp)
+        os.replace(tmp, path)
+    except BaseException:  # (a full disk): no half-written temporary file is left behind
+        tmp.unlink(missing_ok=True)
+        raise
 
 
 _atomic_write = atomic_write

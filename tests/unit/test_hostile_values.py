@@ -342,3 +342,54 @@ def test_a_forged_checkpoint_payload_is_one_line(cli, finished_run, tmp_path, ch
     code, _, err = cli("run", "--resume", run, "--rounds", "9")
     assert words in _one_line(code, err, "fedhmc run: error: cannot resume")
     assert (run / "config.json").read_text() == config  # nothing rewritten
+
+
+def test_a_full_disk_stops_the_run_with_its_checkpoint_and_nothing_half_written(
+    cli, tmp_path, monkeypatch
+):
+    """The disk fills up while round 4's checkpoint is written (simulated: the fourth
+    write of a checkpoint fails with ENOSPC after writing part of it). It was three chained
+    OSError tracebacks, .tmp files left and summary.json stuck at "running"; now one line,
+    exit status 1, the checkpoint of round 3 kept, and the resume gives the chain of a run
+    never stopped."""
+    import errno
+    import json
+
+    from fedhmc.runtime import checkpoint, output
+
+    real, calls = output.open_private, {"n": 0}
+
+    def filling(path):
+        f = real(path)
+        if str(path).endswith(checkpoint.NAME + ".tmp"):
+            calls["n"] += 1
+            if calls["n"] == 4:
+                f.write(b"half a checkpoint")
+                f.close()
+                raise OSError(errno.ENOSPC, "No space left on device", str(path))
+        return f
+
+    monkeypatch.setattr(output, "open_private", filling)
+    args = ["--rounds", "6", "--chains", "2", "--checkpoint-every", "1", "--quiet"]
+    out = tmp_path / "run"
+    code, _, err = cli("run", *args, "--out", out)
+    line = _one_line_status(code, err, 1, "fedhmc run: error: the disk is full")
+    assert "the checkpoint of round 3 is kept" in line and f"--resume {out}" in line
+    assert not list(out.glob("*.tmp"))
+    assert json.loads((out / "summary.json").read_text())["status"] == "failed"
+    monkeypatch.setattr(output, "open_private", real)  # space freed
+    assert cli("run", "--resume", out, "--quiet")[0] == 0
+    whole = tmp_path / "whole"
+    assert cli("run", *args, "--out", whole)[0] == 0
+    import csv
+
+    def rows(path):
+        return [{k: v for k, v in r.items() if k != "wall_s"} for r in csv.DictReader(path.open())]
+
+    assert rows(out / "metrics.csv") == rows(whole / "metrics.csv")
+
+
+def _one_line_status(code, stderr, status, start):
+    lines = stderr.strip().splitlines()
+    assert code == status and len(lines) == 1 and lines[0].startswith(start), stderr
+    return lines[0]
