@@ -10,11 +10,15 @@ One loopback deployment through the deploy/ recipe (TLS, SuperNode authenticatio
 
 Seconds per round are the median over rounds 2 … R (round 1 includes start-up); start-up
 is the time from ``flwr run`` to the end of round 1 (the echo app: its first round trip).
+The report gives the machine's load average before and after: on a busy machine every
+figure grows (the echo floor too), so compare a report's ratios, not its seconds, with
+those of a report measured on an idle machine.
 """
 
 from __future__ import annotations
 
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -72,7 +76,7 @@ def bench_deploy(rounds: int = 6) -> dict:
         return {"skipped": f"not found on PATH: {', '.join(missing)}"}
     work = Path(tempfile.mkdtemp(prefix="fedhmc-bench-deploy-"))
     dep = Deployment(work, num_nodes=2, conn="fedhmc-bench")
-    out: dict = {"rounds": rounds, "nodes": 2}
+    out: dict = {"rounds": rounds, "nodes": 2, "load_before": list(os.getloadavg())}
     try:
         t = time.monotonic()
         dep.setup()
@@ -114,6 +118,7 @@ def bench_deploy(rounds: int = 6) -> dict:
         out["ratio_tiny_round"] = out["tiny"]["round_s"] / out["echo"]["round_s"]
         out["ratio_startup"] = out["tiny"]["startup_s"] / out["echo"]["startup_s"]
     finally:
+        out["load_after"] = list(os.getloadavg())
         left = dep.stop_all()
         if left:
             out["left_running"] = len(left)
@@ -141,4 +146,10 @@ def render(r: dict) -> str:
         f"fedhmc tiny / echo: {r['ratio_tiny_round']:.2f}× per round (goal ≤ 1.2), "
         f"{r['ratio_startup']:.2f}× start-up (goal ≤ 1.5)",
     ]
+    if "load_before" in r:  # reports before 2026-11-28 did not record it
+        lines += [
+            "",
+            f"Load average (1 min) {r['load_before'][0]:.1f} before and "
+            f"{r['load_after'][0]:.1f} after, on {os.cpu_count()} cores",
+        ]
     return "\n".join(lines) + "\n"

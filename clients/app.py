@@ -39,8 +39,9 @@ from fedhmc_clients.worker import WarmWorkerError, call
 from flwr.app import Array, ArrayRecord, Context, Error, Message, MetricRecord, RecordDict
 from flwr.clientapp import ClientApp
 
-from fedhmc.errors import FedHMCError, ModelError
-from fedhmc.runtime.wire import MODEL_ERROR_CODE
+# Flower starts a ClientApp process for every message: what it imports is paid each round.
+# It imports neither PyTorch nor fedhmc.runtime (seconds); the warm worker computes.
+from fedhmc.errors import MODEL_ERROR_CODE, FedHMCError, ModelError
 
 log = logging.getLogger("fedhmc.client")
 CLIENT_APP_RAISED_EXCEPTION = 2

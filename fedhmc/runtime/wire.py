@@ -11,6 +11,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 from fedhmc.algorithms import fahmc, registry
+from fedhmc.errors import MODEL_ERROR_CODE  # noqa: F401 (the wire's, declared there)
 from fedhmc.runtime.config import RunConfig
 
 SAMPLER = {
@@ -74,12 +75,6 @@ def decode_sampler(message: dict) -> fahmc.Settings:
     # Partial participation is the server's: a client's Settings draw no clients.
     view = SimpleNamespace(**fields, clients_per_round=None, participation=None)
     return algo.settings(view)
-
-
-MODEL_ERROR_CODE = 3701
-"""The error code of a client's reply when the user's own module failed
-(``fedhmc.errors.ModelError``): the same on every client and in every round, so the server
-stops the run at once with the client's one line instead of retrying rounds."""
 
 
 ARRAYS = {

@@ -136,3 +136,15 @@ def test_the_server_app_imports_no_torch():
     code = "import sys, fedhmc_server.app; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_the_client_app_imports_no_torch_nor_the_runtime():
+    """Flower starts a ClientApp process for every message, so what the ClientApp imports
+    is paid every round: it forwards to the node's warm worker and imports neither PyTorch
+    nor fedhmc.runtime (importing fedhmc.runtime.wire for an error code cost ~2 s a round)."""
+    code = (
+        "import sys, fedhmc_clients.app; "
+        "print(sorted(m for m in ('torch', 'sklearn', 'fedhmc.runtime') if m in sys.modules))"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "[]"
