@@ -57,6 +57,7 @@ def test_the_gpu_check_says_what_a_machine_lacks(tmp_path):
 
     python = bare_env.make(tmp_path / "bare", ("flwr", "ray", "fedhmc", "sklearn", "scikit_learn"))
     env = {**os.environ, "DEVICE": "cpu", "PYTHON": str(python), "OUT": str(tmp_path / "out")}
+    env.pop("PYTHONPATH", None)  # (what the bare Python sees is its own, and the sources)
     proc = subprocess.run(
         ["bash", "tools/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=120,
