@@ -22,11 +22,6 @@ def test_the_gpu_check_runs_where_only_torch_is(tmp_path):
     import bare_env
 
     python = bare_env.make(tmp_path / "bare")
-    hidden = "import importlib.util as u; print(u.find_spec('flwr'), u.find_spec('ray'))"
-    probe = subprocess.run(
-        [str(python), "-c", hidden], cwd=tmp_path, capture_output=True, text=True
-    )
-    assert probe.stdout.split() == ["None", "None"], probe.stderr
     env = {
         **os.environ,
         "DEVICE": "cpu",
@@ -35,7 +30,12 @@ def test_the_gpu_check_runs_where_only_torch_is(tmp_path):
         "PYTHON": str(python),
         "OUT": str(tmp_path / "out"),
     }
-    env.pop("PYTHONPATH", None)
+    env.pop("PYTHONPATH", None)  # (a Flower test may leave one in this process)
+    hidden = "import importlib.util as u; print(u.find_spec('flwr'), u.find_spec('ray'))"
+    probe = subprocess.run(
+        [str(python), "-c", hidden], cwd=tmp_path, env=env, capture_output=True, text=True
+    )
+    assert probe.stdout.split() == ["None", "None"], probe.stderr
     proc = subprocess.run(
         ["bash", "tools/gpu_check.sh"], cwd=ROOT, env=env, capture_output=True, text=True,
         timeout=1800,
