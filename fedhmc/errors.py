@@ -7,6 +7,8 @@ the command line prints that line alone, with no traceback, and exits with statu
 
 from __future__ import annotations
 
+import errno
+
 
 class FedHMCError(Exception):
     """Base class of the errors whose message is meant for the user, on one line."""
@@ -63,6 +65,19 @@ class RunInterrupted(FedHMCError):
     @property
     def exit_code(self) -> int:
         return 128 + self.signum
+
+
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
+"""The ``OSError.errno`` of a file the disk has no room for."""
+
+
+def first_line(exc: BaseException, limit: int = 200) -> str:
+    """``Type: the first line of its message`` (cut at ``limit`` characters)."""
+    text = str(exc).strip()
+    line = text.splitlines()[0].strip() if text else ""
+    if len(line) > limit:
+        line = line[: limit - 3] + "..."
+    return f"{type(exc).__name__}: {line}" if line else type(exc).__name__
 
 
 def loads_json(text: str | bytes):

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
-from fedhmc.errors import ConfigError
+from fedhmc.errors import ConfigError, first_line
 
 if TYPE_CHECKING:  # the modules are imported when an entry's module or settings are used:
     # the run configuration reads the facts without importing torch (a ServerApp sends its
@@ -175,7 +175,7 @@ class Entry:
                 raise
             raise ConfigError(
                 f"--algorithm {self.name}: its module {self.module_path} does not import "
-                f"({_first_line(e)}); fix or uninstall the package that provides it"
+                f"({first_line(e)}); fix or uninstall the package that provides it"
             ) from None
 
 
@@ -252,10 +252,6 @@ PLUGIN_NAME = re.compile(r"[a-z][a-z0-9]*(-[a-z0-9]+)*")
 """What another package's sampler may be called: lowercase words joined by single hyphens."""
 
 
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).strip().splitlines() or [''])[0]}"
-
-
 def _plugins(taken: set[str]) -> tuple[Entry, ...]:
     """The entries that installed packages declare under ``PLUGIN_GROUP``. One whose import
     fails (however: an exception, ``sys.exit``, a KeyboardInterrupt), that is not an Entry,
@@ -268,7 +264,7 @@ def _plugins(taken: set[str]) -> tuple[Entry, ...]:
         try:
             e = point.load()
         except BaseException as exc:  # noqa: BLE001 - another package's failure: said, not fatal
-            why = f"its import failed ({_first_line(exc)})"
+            why = f"its import failed ({first_line(exc)})"
         else:
             why = _plugin_refusal(e, taken)
         if why is not None:
@@ -306,7 +302,7 @@ def _checked_settings(e: Entry) -> Callable:
             raise
         except Exception as exc:
             raise ConfigError(
-                f"--algorithm {e.name}: its settings(config) failed ({_first_line(exc)}); fix "
+                f"--algorithm {e.name}: its settings(config) failed ({first_line(exc)}); fix "
                 f"or uninstall the package that provides {e.module_path}"
             ) from None
         if not dataclasses.is_dataclass(got) or isinstance(got, type):

@@ -52,8 +52,9 @@ def ece(probs: torch.Tensor, labels: torch.Tensor, bins: int = ECE_BINS) -> floa
     p = probs.to(torch.float64)
     conf, pred = p.max(-1)
     correct = (pred == labels.to(p.device)).to(torch.float64)
-    idx = (torch.ceil(conf * bins).long() - 1).clamp_(0, bins - 1)
-    idx, correct, conf = (t.cpu() for t in (idx, correct, conf))
+    idx = (torch.ceil(conf * bins) - 1).clamp_(0, bins - 1)  # (small integers, exact)
+    idx, correct, conf = torch.stack((idx, correct, conf)).cpu()  # one copy to the host
+    idx = idx.long()
     acc_sum = conf.new_zeros(bins).index_add_(0, idx, correct)
     conf_sum = conf.new_zeros(bins).index_add_(0, idx, conf)
     return float((acc_sum - conf_sum).abs().sum() / p.shape[0])

@@ -92,14 +92,13 @@ def _rounds_for(run: Path, draws: int) -> int | None:
 def _resume(run: Path) -> str:
     """``fedhmc run --resume RUN`` with what the resume needs besides the folder (the
     ``--model`` of the user's own model: a folder never names code that runs)."""
-    from fedhmc.runtime.checkpoint import resume_flags
+    from fedhmc.runtime.checkpoint import resume_command
 
     try:
         saved = loads_json((run / "config.json").read_text())
-        flags = resume_flags(saved) if isinstance(saved, dict) else ""
     except (OSError, ValueError):
-        flags = ""
-    return f"fedhmc run --resume {run}{flags}"
+        saved = None
+    return resume_command(run, saved if isinstance(saved, dict) else {})
 
 
 def parameter_names(run: Path, dim: int) -> list[str]:

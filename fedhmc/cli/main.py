@@ -6,13 +6,12 @@ Errors a user can cause print one line and exit with status 2; there is no trace
 from __future__ import annotations
 
 import argparse
-import errno
 import signal
 import sys
 
 from fedhmc.cli.options import _Parser, add_config_options, add_threads_option
 from fedhmc.cli.run import cmd_run
-from fedhmc.errors import FedHMCError, RunInterrupted
+from fedhmc.errors import DISK_FULL, FedHMCError, RunInterrupted
 
 
 def version() -> str:
@@ -112,7 +111,7 @@ def _main(argv: list[str] | None) -> int:
         print(f"fedhmc {args.command}: error: {e}", file=sys.stderr)
         return getattr(e, "exit_code", 2)  # 2: bad input; 1: a run that failed
     except OSError as e:
-        if e.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EFBIG):
+        if e.errno not in DISK_FULL:
             raise
         print(
             f"fedhmc {args.command}: error: the disk is full ({e.strerror}: "

@@ -43,8 +43,9 @@ def _out_of_memory(cfg, exc: BaseException) -> ConfigError:
     )
     out = getattr(cfg, "out", None)
     if out and (Path(out) / checkpoint.NAME).exists():
-        flags = checkpoint.resume_flags(cfg.to_dict())
-        tail = f"the checkpoint is kept: continue with fedhmc run --resume {out}{flags}"
+        tail = "the checkpoint is kept: continue with " + checkpoint.resume_command(
+            out, cfg.to_dict()
+        )
     elif out and Path(out).exists():
         tail = f"no round was checkpointed: start again with --overwrite --out {out}"
     elif out:

@@ -39,6 +39,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
+from fedhmc.errors import first_line
+
 Inputs = tuple[torch.Tensor | None, ...]
 Outputs = tuple[torch.Tensor | None, ...]
 
@@ -156,10 +158,6 @@ def _indexed(device: torch.device) -> torch.device:
     return device
 
 
-def _first_line(e: BaseException) -> str:
-    return f"{type(e).__name__}: {(str(e).splitlines() or [''])[0]}"
-
-
 class RoundGraphs:
     """Captured calls of pure tensor functions, one graph per ``key``.
 
@@ -205,7 +203,7 @@ class RoundGraphs:
         try:
             out = graph.replay(inputs)
         except Exception as e:  # noqa: BLE001
-            self.turn_off(f"a replay failed ({_first_line(e)})")
+            self.turn_off(f"a replay failed ({first_line(e)})")
             return fn(*inputs)
         self.replays += 1
         return out
@@ -216,7 +214,7 @@ class RoundGraphs:
         try:
             self._graphs[key] = self._capture(fn, inputs, self.device or device_of(inputs))
         except Exception as e:  # noqa: BLE001 - any failure: run on without graphs
-            self.turn_off(f"capture failed ({_first_line(e)})")
+            self.turn_off(f"capture failed ({first_line(e)})")
         return expected
 
     def _checked_replay(self, graph, fn, inputs: Inputs) -> Outputs:
@@ -226,7 +224,7 @@ class RoundGraphs:
         try:
             got = graph.replay(inputs)
         except Exception as e:  # noqa: BLE001
-            self.turn_off(f"a replay failed ({_first_line(e)})")
+            self.turn_off(f"a replay failed ({first_line(e)})")
             return expected
         if not _same(got, expected):
             self.turn_off("a replay differed from the same round computed without it")

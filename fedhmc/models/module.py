@@ -54,7 +54,7 @@ from torch.func import vmap
 from torch.overrides import TorchFunctionMode
 
 from fedhmc.core import rng
-from fedhmc.errors import ConfigError, FedHMCError, ModelError
+from fedhmc.errors import ConfigError, FedHMCError, ModelError, first_line
 from fedhmc.models import BATCHINGS
 
 try:  # torch.func.vmap's own primitives: one batching level without its per-call checks
@@ -271,11 +271,7 @@ def describe_exception(exc: BaseException) -> str:
     """``Type: first line of the message (at file.py:line)``: an exception in one line, at
     the innermost frame of its traceback that is neither torch's nor fedhmc's (the user's
     own code), where there is one."""
-    text = str(exc).strip()
-    line = text.splitlines()[0].strip() if text else ""
-    if len(line) > 200:
-        line = line[:197] + "..."
-    out = f"{type(exc).__name__}: {line}" if line else type(exc).__name__
+    out = first_line(exc)
     frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
     mine = [f for f in frames if not os.path.abspath(f.filename).startswith(_OUR_CODE)]
     if mine:

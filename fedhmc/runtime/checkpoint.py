@@ -332,6 +332,12 @@ def resume_flags(saved: dict) -> str:
     return "".join(flags + ([f" --data-dir {shlex.quote(data_dir)}"] if data_dir else []))
 
 
+def resume_command(out, saved: dict) -> str:
+    """``fedhmc run --resume OUT`` with the flags the run of ``saved`` needs
+    (`resume_flags`)."""
+    return f"fedhmc run --resume {out}{resume_flags(saved)}"
+
+
 def refuse_named_code(run_dir, saved: dict, given: dict) -> None:
     """Refuse, in one line and before anything is imported, a resume of ``run_dir`` whose
     folder (``saved``: its config.json) names code that only the command line may name.

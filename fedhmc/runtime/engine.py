@@ -13,7 +13,6 @@ their replies.
 from __future__ import annotations
 
 import csv
-import errno
 import math
 import signal
 import sys
@@ -28,6 +27,7 @@ import torch
 
 from fedhmc.algorithms import registry
 from fedhmc.errors import (
+    DISK_FULL,
     ConfigError,
     FedHMCError,
     NonFiniteError,
@@ -43,8 +43,6 @@ from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, init
 from fedhmc.runtime.threads import apply_threads, round_work, threads_restored
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
-DISK_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)
-"""The errors of a file the disk has no room for: the run stops, keeping its checkpoint."""
 
 
 def sampler_settings(cfg: RunConfig):
@@ -666,22 +664,23 @@ class _Run:
         if self.bar is not None:
             self.bar.close()
         self.result.summary = self._summary()
-        try:
-            self.writer.write_samples()
-        except OSError as e:  # (no temporary file is left: the summary below may fit)
-            if e.errno not in DISK_FULL:
-                raise
-            self.disk_full, self.status = e, "failed"
+        if not self._written(self.writer.write_samples):  # (no .tmp left: the summary may fit)
             self.result.summary = {**self._summary(), "failure": "the disk is full"}
+        self._written(lambda: self.writer.write_summary(self.result.summary))
+        self.writer.close()
+        if self.tb is not None:
+            self.tb.close()
+
+    def _written(self, write) -> bool:
+        """``write()``, or False when the disk had no room for it (the run has failed)."""
         try:
-            self.writer.write_summary(self.result.summary)
+            write()
         except OSError as e:
             if e.errno not in DISK_FULL:
                 raise
             self.disk_full, self.status = self.disk_full or e, "failed"
-        self.writer.close()
-        if self.tb is not None:
-            self.tb.close()
+            return False
+        return True
 
     def _summary(self) -> dict:
         cfg, result = self.cfg, self.result
@@ -725,14 +724,13 @@ class _Run:
                 summary["convergence_warning"] = text
         if self.resumed:
             summary["resumed_from_round"] = self.start - 1
-        if self.status == "interrupted" and not (Path(self.cfg.out) / checkpoint.NAME).exists():
+        if self.status == "interrupted" and self.saved_round is None:
             summary["note"] = (
                 "stopped before the first checkpoint: nothing to resume; start the run again "
                 f"with --overwrite --out {self.cfg.out}"
             )
         elif self.status == "interrupted":
-            flags = checkpoint.resume_flags(self.cfg.to_dict())
-            summary["resume"] = f"fedhmc run --resume {self.cfg.out}{flags}"
+            summary["resume"] = checkpoint.resume_command(self.cfg.out, self.cfg.to_dict())
             if self.stop_round is None:
                 summary["note"] = (
                     "stopped at once by a second signal: the last checkpoint is older than "
@@ -783,7 +781,7 @@ def _kept(cfg: RunConfig, saved_round: int | None) -> str:
     if saved_round is not None:
         return (
             f"the checkpoint of round {saved_round} is kept: once fixed, continue with "
-            f"fedhmc run --resume {cfg.out}{checkpoint.resume_flags(cfg.to_dict())}"
+            + checkpoint.resume_command(cfg.out, cfg.to_dict())
         )
     return f"no round was checkpointed: once fixed, start again with --overwrite --out {cfg.out}"
 

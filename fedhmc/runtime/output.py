@@ -102,7 +102,8 @@ def _head(path: Path, n: int) -> bytes | None:
     except OSError:
         return None
     with os.fdopen(fd, "rb") as f:
-        return f.read(n) if stat.S_ISREG(os.fstat(fd).st_mode) else None
+        st = os.fstat(fd)
+        return f.read(min(n, st.st_size)) if stat.S_ISREG(st.st_mode) else None
 
 
 def _is_marker(path: Path) -> bool:
@@ -357,15 +358,11 @@ class RunWriter:
 
 
 def _read_prefix(path: Path, n: int) -> bytes:
-    """The first ``n`` bytes of ``path`` (a link is not followed; shorter if the file is)."""
-    try:
-        fd = os.open(path, os.O_RDONLY | _NOFOLLOW)
-    except OSError:
-        if path.is_symlink():
-            raise _link_refusal(path) from None
-        return b""
-    with os.fdopen(fd, "rb") as f:
-        return f.read(max(0, min(n, os.fstat(fd).st_size)))
+    """The first ``n`` bytes of the plain file ``path`` (shorter if the file is; empty if
+    it is missing or not a plain file); a link there is a one-line refusal."""
+    if path.is_symlink():
+        raise _link_refusal(path)
+    return _head(path, max(0, n)) or b""
 
 
 def _valid_written(written) -> bool:

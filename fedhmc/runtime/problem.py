@@ -46,11 +46,11 @@ class PredictiveEvaluator:
     columns = ("samples", *PREDICTIVE_COLUMNS, "ece_bins")
 
     def __init__(
-        self, model, X_test: torch.Tensor, y_test: torch.Tensor, ece_bins: int = 15,
-        num_classes: int | None = None,
+        self, model, X_test: torch.Tensor, y_test: torch.Tensor, num_classes: int,
+        ece_bins: int = 15,
     ):  # fmt: skip
         self.model = model
-        self.num_classes = num_classes  # (None: at least one past the largest test label)
+        self.num_classes = int(num_classes)
         self.ece_bins = int(ece_bins)
         self.X = model.prepare(X_test)
         self.y = y_test.to(self.X.device)  # the labels where the predictive is computed
@@ -92,8 +92,7 @@ class PredictiveEvaluator:
         count, lp = state.get("count"), state.get("log_probs")
         points = int(self.X.shape[0])
         fits = isinstance(lp, torch.Tensor) and lp.dim() == 2 and lp.shape[0] == points
-        classes = self.num_classes
-        fits = fits and (lp.shape[1] == classes if classes else lp.shape[1] > int(self.y.max()))
+        fits = fits and lp.shape[1] == self.num_classes
         if not isinstance(count, int) or count < 0 or not (lp is None or fits):
             shown = tuple(lp.shape) if isinstance(lp, torch.Tensor) else type(lp).__name__
             raise ConfigError(
@@ -216,11 +215,14 @@ def build_evaluator(cfg: RunConfig, device: torch.device | str = "cpu"):
         return GaussianEvaluator(target, cfg.temperature or 1.0), None, cfg.dim, desc
     data = _load(cfg)
     model = build_model(cfg, data, device, gradients=False)
-    evaluator = PredictiveEvaluator(
-        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15,
-        num_classes=data.num_classes,
-    )  # fmt: skip
+    evaluator = _predictive(cfg, data, model, dtype, device)
     return evaluator, model, model.dim, data.description
+
+
+def _predictive(cfg: RunConfig, data, model, dtype, device) -> PredictiveEvaluator:
+    """The evaluator of ``model`` on ``data``'s test split, on ``device``."""
+    X_test = data.X_test.to(dtype).to(device)
+    return PredictiveEvaluator(model, X_test, data.y_test, data.num_classes, cfg.ece_bins or 15)
 
 
 def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem:
@@ -239,10 +241,7 @@ def build_problem(cfg: RunConfig, device: torch.device | str = "cpu") -> Problem
     data, parts = load_client_data(cfg)
     target = _clients_data_target(cfg, data, parts, None, device)
     model = target.model
-    evaluator = PredictiveEvaluator(
-        model, data.X_test.to(dtype).to(device), data.y_test, cfg.ece_bins or 15,
-        num_classes=data.num_classes,
-    )  # fmt: skip
+    evaluator = _predictive(cfg, data, model, dtype, device)
     return Problem(target, evaluator, model, data.description)
 
 

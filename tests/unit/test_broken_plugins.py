@@ -83,7 +83,7 @@ def test_help_works_and_names_each_broken_sampler_in_one_line(plugged):
     notes = [ln for ln in proc.stderr.splitlines() if ln.startswith("fedhmc: sampler ")]
     want = {
         "plug_exit:ENTRY": "its import failed (SystemExit: 3)",
-        "plug_interrupt:ENTRY": "its import failed (KeyboardInterrupt: )",
+        "plug_interrupt:ENTRY": "its import failed (KeyboardInterrupt)",
         "plug_not_there:ENTRY": "its import failed (ModuleNotFoundError: ",
         "plug_entries:DIGITS": "its name '123' is not a sampler name",
         "plug_entries:OPTION": "its name '--rounds' is not a sampler name",
