@@ -224,13 +224,28 @@ def test_two_sigterms_exit_143_and_summary_recommends_only_a_resume_that_works(t
          "--quiet"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL, text=True,
         preexec_fn=default_signals,
     )  # fmt: skip
+    import threading
+    import time
+
+    lines: list[str] = []
+    reader = threading.Thread(target=lambda: lines.extend(proc.stderr), daemon=True)
+    reader.start()
     try:
         _started(out)
         proc.send_signal(signal.SIGTERM)
-        proc.send_signal(signal.SIGTERM)
-        _, err = proc.communicate(timeout=300)
+        end = time.monotonic() + 120  # the first is acknowledged before the second is sent
+        while not any("stopping after this round" in ln for ln in lines):
+            if proc.poll() is not None:  # (its round ended and it stopped: one signal)
+                break
+            assert time.monotonic() < end, lines
+            time.sleep(0.01)
+        if proc.poll() is None:
+            proc.send_signal(signal.SIGTERM)
+        proc.wait(timeout=300)
+        reader.join(timeout=60)
     finally:
         proc.kill()
+    err = "".join(lines)
     assert proc.returncode == 143, err
     assert "stopping after this round" in err  # said at once, --quiet or not
     summary = json.loads((out / "summary.json").read_text())
