@@ -299,6 +299,7 @@ def test_download_goes_into_the_data_dir_given(tmp_path, monkeypatch, name):
     from fedhmc.errors import FedHMCError
 
     monkeypatch.setenv("FEDHMC_CACHE", str(tmp_path / "cache"))
+    monkeypatch.delenv("FEDHMC_DATA", raising=False)  # (no copy elsewhere to be found)
     with pytest.raises(FedHMCError, match=f"into {tmp_path / 'mine'} failed"):
         load_dataset(name, data_dir=tmp_path / "mine", download=True)
     assert asked == [(str(tmp_path / "mine"), True)]
