@@ -70,6 +70,50 @@ def run_delayed(
             f"give x0 on the CPU, not on {x0.device}"
         )
     ctx = torch.multiprocessing.get_context(s.start_method)
+    P = s.workers
+    sh = _shared_state(problem, s, x0, ctx)
+    shared_problem = Regression(
+        problem.features.clone().share_memory_(),
+        problem.targets.clone().share_memory_(),
+        problem.coef.clone(),
+        problem.noise_var,
+        problem.prior_std,
+    )
+
+    bar = None
+    procs: list = []
+    failure: str | None = None
+    t_launch = time.monotonic()
+    try:
+        for p in range(P):
+            pr = ctx.Process(
+                target=_worker, args=(p, s, shared_problem, sh), name=f"fedhmc-delayed-{p}"
+            )
+            pr.daemon = True
+            pr.start()
+            procs.append(pr)
+        if progress:  # after the workers start: tqdm's monitor thread must not be forked
+            from fedhmc.core.progress import bar as progress_bar
+
+            bar = progress_bar(P * s.iterations, f"{s.mode} P={P}", "upd", mininterval=0.5)
+        failure = _watch(procs, sh, s, bar)
+    finally:
+        _shutdown(procs, sh, grace=min(5.0, s.timeout))
+        if bar is not None:
+            bar.close()
+        sh["errors"].close()
+        sh["errors"].join_thread()
+    if failure is not None:
+        err = WorkerError(f"{failure}; all {P} workers were stopped")
+        err.pids = [pr.pid for pr in procs]
+        raise err
+    return _collect(s, sh, t_launch, [pr.pid for pr in procs])
+
+
+def _shared_state(problem: Regression, s: delayed.Settings, x0, ctx) -> dict:
+    """The tensors (in shared memory) and synchronisation objects the workers share: X
+    (R, d) from ``x0`` (zeros if None), the snapshots H (slots + 1, R, d) with H[0] = X,
+    their times and update counts, the per-worker counters, and the locks and barriers."""
     P, R, d = s.workers, s.chains, problem.dim
     slots = s.iterations // s.record_every
     X = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
@@ -99,63 +143,41 @@ def run_delayed(
     sh["barrier"] = ctx.Barrier(P) if s.mode == "sync" else None
     sh["lock"] = ctx.Lock()
     sh["snap_lock"] = ctx.Lock()
-    shared_problem = Regression(
-        problem.features.clone().share_memory_(),
-        problem.targets.clone().share_memory_(),
-        problem.coef.clone(),
-        problem.noise_var,
-        problem.prior_std,
-    )
+    return sh
 
-    bar = None
-    procs: list = []
-    failure: str | None = None
-    t_launch = time.monotonic()
-    try:
-        for p in range(P):
-            pr = ctx.Process(
-                target=_worker, args=(p, s, shared_problem, sh), name=f"fedhmc-delayed-{p}"
-            )
-            pr.daemon = True
-            pr.start()
-            procs.append(pr)
-        if progress:  # after the workers start: tqdm's monitor thread must not be forked
-            from fedhmc.core.progress import bar as progress_bar
 
-            bar = progress_bar(P * s.iterations, f"{s.mode} P={P}", "upd", mininterval=0.5)
-        deadline = time.monotonic() + s.timeout
-        while True:
-            failure = _first_error(sh["errors"], 0.0)
-            if failure:
-                break
-            alive = [pr for pr in procs if pr.is_alive()]
-            for i, pr in enumerate(procs):
-                if pr.exitcode not in (None, 0):
-                    failure = _first_error(sh["errors"], 2.0) or (
-                        f"worker {i} of {P} exited with code {pr.exitcode}"
-                    )
-                    break
-            if failure or not alive:
-                break
-            if time.monotonic() > deadline:
-                failure = (
-                    f"the run exceeded its timeout of {s.timeout:g} s "
-                    f"(worker progress {sh['progress'].tolist()}); raise timeout"
+def _watch(procs: list, sh: dict, s: delayed.Settings, bar) -> str | None:
+    """Wait for the workers to finish; the first failure (a reported error, an abnormal
+    exit or the timeout) as text, or None when all finished."""
+    P = s.workers
+    deadline = time.monotonic() + s.timeout
+    while True:
+        failure = _first_error(sh["errors"], 0.0)
+        if failure:
+            return failure
+        alive = [pr for pr in procs if pr.is_alive()]
+        for i, pr in enumerate(procs):
+            if pr.exitcode not in (None, 0):
+                failure = _first_error(sh["errors"], 2.0) or (
+                    f"worker {i} of {P} exited with code {pr.exitcode}"
                 )
                 break
-            multiprocessing.connection.wait([pr.sentinel for pr in alive], timeout=0.1)
-            if bar is not None:
-                bar.update(int(sh["progress"].sum()) - bar.n)
-    finally:
-        _shutdown(procs, sh, grace=min(5.0, s.timeout))
+        if failure or not alive:
+            return failure
+        if time.monotonic() > deadline:
+            return (
+                f"the run exceeded its timeout of {s.timeout:g} s "
+                f"(worker progress {sh['progress'].tolist()}); raise timeout"
+            )
+        multiprocessing.connection.wait([pr.sentinel for pr in alive], timeout=0.1)
         if bar is not None:
-            bar.close()
-        sh["errors"].close()
-        sh["errors"].join_thread()
-    if failure is not None:
-        err = WorkerError(f"{failure}; all {P} workers were stopped")
-        err.pids = [pr.pid for pr in procs]
-        raise err
+            bar.update(int(sh["progress"].sum()) - bar.n)
+
+
+def _collect(s: delayed.Settings, sh: dict, t_launch: float, pids: list[int]) -> DelayedResult:
+    """The result of a finished run from the shared state (all workers joined)."""
+    X, H = sh["X"], sh["H"]
+    slots = H.shape[0] - 1
     times = sh["times"]
     t0 = float(times[0])
     end = float(sh["end"].max())
@@ -170,7 +192,7 @@ def run_delayed(
     wall[0] = 0.0
     if not bool(torch.isfinite(snaps).all()):
         raise NonFiniteError(
-            f"delayed SGLD diverged (mode {s.mode}, P = {P}, γ = {s.step_size:g}); "
+            f"delayed SGLD diverged (mode {s.mode}, P = {s.workers}, γ = {s.step_size:g}); "
             f"use a smaller step size"
         )
     return DelayedResult(
@@ -181,7 +203,7 @@ def run_delayed(
         staleness=sh["hist"].clone(),
         wall_total_s=end - t0,
         startup_s=float(t0 - t_launch),
-        pids=[pr.pid for pr in procs],
+        pids=pids,
     )
 
 

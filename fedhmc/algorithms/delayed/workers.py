@@ -59,54 +59,68 @@ def _acquire(lock, timeout: float) -> None:
 
 
 def _worker_loop(p: int, s: delayed.Settings, problem: Regression, sh: dict) -> None:
-    P, R, rec, tmo = s.workers, s.chains, s.record_every, s.timeout
-    X, counts, hist = sh["X"], sh["counts"], sh["hist"]
-    H, times, ups = sh["H"], sh["times"], sh["ups"]
-    stop, progress = sh["stop"], sh["progress"]
-    nk = _keys(s.seed, STREAM_DELAYED_NOISE, p, R)
-    bk = _keys(s.seed, STREAM_DELAYED_BATCH, p, R)
-    top = s.max_staleness_bin
+    R, tmo = s.chains, s.timeout
+    keys = (_keys(s.seed, STREAM_DELAYED_NOISE, p, R), _keys(s.seed, STREAM_DELAYED_BATCH, p, R))
     sh["start"].wait(tmo)
     if p == 0:
-        times[0] = time.monotonic()
-    slots = H.shape[0] - 1
-
-    def inject(j: int) -> None:
-        if s.fail_at is not None and tuple(s.fail_at) == (p, j):
-            raise RuntimeError("injected failure (test hook)")
-        if s.hang_at is not None and tuple(s.hang_at) == (p, j):
-            time.sleep(10 * tmo)
-
+        sh["times"][0] = time.monotonic()
     if s.mode == "sync":
-        barrier, D = sh["barrier"], sh["D"]
-        for j in range(s.iterations):
-            progress[p] = j
-            inject(j)
-            barrier.wait(tmo)  # X is the result of iteration j − 1 for everyone
-            D[p] = increment(problem, s, X.clone(), nk, bk, j)
-            barrier.wait(tmo)  # all increments written
-            if p == 0:
-                X.add_(D.sum(0))
-                counts[0] += P
-                c = (j + 1) // rec
-                if (j + 1) % rec == 0 and c <= slots:
-                    H[c] = X
-                    times[c] = time.monotonic()
-                    ups[c] = P * (j + 1)
-            if stop.is_set():
-                raise _Stopped
-        barrier.wait(tmo)
-        progress[p] = s.iterations
-        sh["end"][p] = time.monotonic()
-        return
+        _sync_loop(p, s, problem, sh, keys)
+    else:
+        _async_loop(p, s, problem, sh, keys)
+    sh["progress"][p] = s.iterations
+    sh["end"][p] = time.monotonic()
 
-    lock, snap_lock, next_slot = sh["lock"], sh["snap_lock"], sh["next_slot"]
+
+def _inject(s: delayed.Settings, p: int, j: int) -> None:
+    """The test hooks: fail or hang worker p at iteration j when the settings ask."""
+    if s.fail_at is not None and tuple(s.fail_at) == (p, j):
+        raise RuntimeError("injected failure (test hook)")
+    if s.hang_at is not None and tuple(s.hang_at) == (p, j):
+        time.sleep(10 * s.timeout)
+
+
+def _sync_loop(p: int, s: delayed.Settings, problem: Regression, sh: dict, keys) -> None:
+    """Worker p's iterations in ``sync`` mode: every worker's increment of iteration j is
+    computed from the same X, and worker 0 adds them all and takes the snapshots."""
+    P, rec, tmo = s.workers, s.record_every, s.timeout
+    X, counts, progress = sh["X"], sh["counts"], sh["progress"]
+    H, times, ups = sh["H"], sh["times"], sh["ups"]
+    slots = H.shape[0] - 1
+    nk, bk = keys
+    barrier, D = sh["barrier"], sh["D"]
+    for j in range(s.iterations):
+        progress[p] = j
+        _inject(s, p, j)
+        barrier.wait(tmo)  # X is the result of iteration j − 1 for everyone
+        D[p] = increment(problem, s, X.clone(), nk, bk, j)
+        barrier.wait(tmo)  # all increments written
+        if p == 0:
+            X.add_(D.sum(0))
+            counts[0] += P
+            c = (j + 1) // rec
+            if (j + 1) % rec == 0 and c <= slots:
+                H[c] = X
+                times[c] = time.monotonic()
+                ups[c] = P * (j + 1)
+        if sh["stop"].is_set():
+            raise _Stopped
+    barrier.wait(tmo)
+
+
+def _async_loop(p: int, s: delayed.Settings, problem: Regression, sh: dict, keys) -> None:
+    """Worker p's iterations in ``w-con`` (read and write under the lock) or ``w-icon``
+    (lock-free) mode, counting the staleness of each update."""
+    tmo, top = s.timeout, s.max_staleness_bin
+    X, counts, hist = sh["X"], sh["counts"], sh["hist"]
+    stop, progress, lock = sh["stop"], sh["progress"], sh["lock"]
+    nk, bk = keys
     locked = s.mode == "w-con"
     for j in range(s.iterations):
         progress[p] = j
         if stop.is_set():
             raise _Stopped
-        inject(j)
+        _inject(s, p, j)
         if locked:
             _acquire(lock, tmo)
             try:
@@ -131,24 +145,30 @@ def _worker_loop(p: int, s: delayed.Settings, problem: Regression, sh: dict) -> 
             v1 = int(counts.sum())
             counts[p] += 1
         hist[p, min(max(v1 - v0, 0), top)] += 1
-        u = v1 + 1
-        if u >= (int(next_slot) + 1) * rec * P:
-            _acquire(snap_lock, tmo)
-            try:
-                c = int(next_slot) + 1
-                if u >= c * rec * P and c <= slots:
-                    if locked:
-                        _acquire(lock, tmo)
-                        try:
-                            H[c] = X
-                        finally:
-                            lock.release()
-                    else:
+        _maybe_snapshot(s, sh, v1 + 1, locked)
+
+
+def _maybe_snapshot(s: delayed.Settings, sh: dict, u: int, locked: bool) -> None:
+    """Take the next snapshot of X if the update count ``u`` reached its slot and no other
+    worker took it first (under the snapshot lock; under the lock too if ``locked``)."""
+    rec, P, tmo = s.record_every, s.workers, s.timeout
+    X, H, next_slot = sh["X"], sh["H"], sh["next_slot"]
+    slots = H.shape[0] - 1
+    if u >= (int(next_slot) + 1) * rec * P:
+        _acquire(sh["snap_lock"], tmo)
+        try:
+            c = int(next_slot) + 1
+            if u >= c * rec * P and c <= slots:
+                if locked:
+                    _acquire(sh["lock"], tmo)
+                    try:
                         H[c] = X
-                    times[c] = time.monotonic()
-                    ups[c] = u
-                    next_slot.fill_(c)
-            finally:
-                snap_lock.release()
-    progress[p] = s.iterations
-    sh["end"][p] = time.monotonic()
+                    finally:
+                        sh["lock"].release()
+                else:
+                    H[c] = X
+                sh["times"][c] = time.monotonic()
+                sh["ups"][c] = u
+                next_slot.fill_(c)
+        finally:
+            sh["snap_lock"].release()
