@@ -79,7 +79,7 @@ def moved(obj, device):
     return dataclasses.replace(obj, **tensors)
 
 
-def _reply(update, up: tuple[str, ...], c: int, n_c: int) -> tuple[dict, dict]:
+def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[dict, dict]:
     """Client ``c``'s reply from an update of M clients (on the CPU: `moved`): its arrays
     (the layout's ``up``: positions, and the momentum or the local gradient where the
     algorithm sends them), and its n_c, gradient evaluations and health numbers."""
@@ -89,7 +89,7 @@ def _reply(update, up: tuple[str, ...], c: int, n_c: int) -> tuple[dict, dict]:
         values["energy"] = float(update.energy[:, c].max())
     if update.energy_error is not None:
         values["energy-error"] = float(update.energy_error[:, c].mean())
-    return wire.encode_reply(update, up, c), values
+    return wire.encode_reply(update, up, algorithm, c), values
 
 
 # What each client this process computed alone keeps of its last round (its algorithm's
@@ -140,7 +140,7 @@ def local_update(
     if keeps:
         _LAST[last] = keeps
     up = algorithm.layout(settings, message.round).up
-    return _reply(moved(update, "cpu"), up, 0, n_c)
+    return _reply(moved(update, "cpu"), up, algorithm, 0, n_c)
 
 
 def _run_settings(config: dict) -> tuple:
@@ -188,7 +188,7 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
         return None
     c = ids.index(partition_id)
     up = entry.module.layout(settings, round_).up
-    return _reply(update, up, c, int(counts[c]) if counts is not None else 1)
+    return _reply(update, up, entry.module, c, int(counts[c]) if counts is not None else 1)
 
 
 def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: int):

@@ -185,7 +185,9 @@ class RoundServer:
         only the drawn ones)."""
         from fedhmc.runtime import wire
 
-        values, tensors = wire.encode_message(self.cfg, message, self.num_total, layout)
+        values, tensors = wire.encode_message(
+            self.cfg, message, self.num_total, layout, self.algorithm
+        )
         config = ConfigRecord(values)
         arrays = ArrayRecord({k: Array(v.numpy()) for k, v in tensors.items()})
         drawn = self.by_partition
@@ -200,7 +202,7 @@ class RoundServer:
         from fedhmc.runtime import wire
 
         out = Replies()
-        up = wire.reply_names(layout)
+        up = wire.reply_names(self.algorithm, layout)
         for nid, rep in ok.items():
             out.bytes_up += _record_bytes(rep.content)
             try:
@@ -234,7 +236,7 @@ class RoundServer:
                 if isinstance(m[k], bool) or not isinstance(m[k], (int, float)):
                     raise ReplyError(f"{k} must be a number, got {m[k]!r}")
                 health[f] = torch.tensor([[float(m[k])]], dtype=torch.float64, device=self.device)
-        update = wire.decode_reply(got, self.device, grad_evals=evals, **health)
+        update = wire.decode_reply(got, self.device, self.algorithm, grad_evals=evals, **health)
         return pid, int(n_c), update
 
     def _check_failures(self, failed: dict, r: int) -> None:
@@ -278,7 +280,7 @@ class RoundServer:
         the mask of the drawn clients that replied."""
         import torch
 
-        from fedhmc.algorithms.fahmc import stack_updates
+        from fedhmc.algorithms.federated import stack_updates
 
         if not accepted:
             return None, None, None

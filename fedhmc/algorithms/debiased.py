@@ -102,6 +102,16 @@ def anchor_gradient(
     return g
 
 
+MESSAGE = {"theta": "position", "anchor": "anchor_position", "anchor-grad": "anchor_grad"}
+"""The arrays of a round's message by their wire names: wire name → ``Broadcast`` field."""
+
+MESSAGE_VALUES = {"anchor-round": "anchor_round"}
+"""The scalars of a round's message: wire name → ``Broadcast`` field."""
+
+REPLY = {"theta": "position", "grad": "local_grad"}
+"""The arrays of a client's reply by their wire names: wire name → ``ClientUpdate`` field."""
+
+
 @dataclass(frozen=True)
 class State:
     """Debiased FA-HMC between rounds: θ̄ (S, D) after ``round`` rounds and, from round 2

@@ -442,6 +442,13 @@ class Broadcast:
     coefficients: torch.Tensor | None = None
 
 
+MESSAGE = {"theta": "position", "momentum": "momentum", "origin": "origin"}
+"""The arrays of a round's message by their wire names: wire name → ``Broadcast`` field."""
+
+REPLY = {"theta": "position", "momentum": "momentum"}
+"""The arrays of a client's reply by their wire names: wire name → ``ClientUpdate`` field."""
+
+
 @dataclass(frozen=True)
 class ClientUpdate:
     """The clients' side of a round: what each client replies, M clients stacked.
@@ -471,24 +478,6 @@ class ClientUpdate:
     grad_evals: int = 0
     momentum: torch.Tensor | None = None
     local_grad: torch.Tensor | None = None
-
-
-def stack_updates(updates: list[ClientUpdate]) -> ClientUpdate:
-    """Single clients' updates (M = 1 each) stacked in the order given, as the batched
-    engine computes them together (the Flower ServerApp stacks its replies this way)."""
-
-    def cat(name):
-        xs = [getattr(u, name) for u in updates]
-        return None if any(x is None for x in xs) else torch.cat(xs, dim=1)
-
-    return ClientUpdate(
-        cat("position"),
-        cat("energy"),
-        cat("energy_error"),
-        sum(u.grad_evals for u in updates),
-        cat("momentum"),
-        cat("local_grad"),
-    )
 
 
 @dataclass(frozen=True)
@@ -775,6 +764,8 @@ __all__ = [
     "Coefficients",
     "Info",
     "Layout",
+    "MESSAGE",
+    "REPLY",
     "Segment",
     "Settings",
     "State",
@@ -799,6 +790,5 @@ __all__ = [
     "round_seed",
     "server_update",
     "skip",
-    "stack_updates",
     "step",
 ]

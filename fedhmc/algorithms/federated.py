@@ -34,6 +34,7 @@ Pure PyTorch: no Flower import.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from types import ModuleType
 
@@ -50,6 +51,7 @@ __all__ = [
     "finish",
     "round_clients",
     "round_seed",
+    "stack_updates",
     "step",
 ]
 
@@ -90,6 +92,24 @@ class Layout:
         """(down, up) bytes of arrays in a round of ``clients`` clients."""
         per_array = clients * chains * dim * itemsize
         return len(self.down) * per_array, len(self.up) * per_array
+
+
+def stack_updates(updates: list):
+    """Single clients' updates (M = 1 each, one sampler's ``ClientUpdate``) stacked in the
+    order given, as the batched engine computes them together: each tensor field joined
+    along the clients' axis (None where any update lacks it), each integer summed (the
+    Flower ServerApp stacks its replies this way)."""
+    first = updates[0]
+    out = {}
+    for f in dataclasses.fields(first):
+        xs = [getattr(u, f.name) for u in updates]
+        if all(isinstance(x, torch.Tensor) for x in xs):
+            out[f.name] = torch.cat(xs, dim=1)
+        elif all(isinstance(x, int) and not isinstance(x, bool) for x in xs):
+            out[f.name] = sum(xs)
+        else:
+            out[f.name] = None if any(x is None for x in xs) else xs[0]
+    return type(first)(**out)
 
 
 def round_seed(seed: int, round_: int) -> int:

@@ -15,11 +15,13 @@ import dataclasses
 import importlib
 import re
 import sys
+import typing
 from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
 from typing import TYPE_CHECKING
 
+from fedhmc.algorithms import api
 from fedhmc.errors import ConfigError, first_line
 
 if TYPE_CHECKING:  # the modules are imported when an entry's module or settings are used:
@@ -144,6 +146,10 @@ class Entry:
     batches_colocated
         A Flower simulation's co-located clients compute a round in one batch
         (``clients/task.colocated_update``), as the engine does.
+    fixed
+        Settings fields that the name fixes, as (field, value) pairs: for a sampler whose
+        ``settings`` is None, its module's ``Settings`` is built from the run's values
+        (`fedhmc.algorithms.api.build`) with these set.
     """
 
     name: str
@@ -163,6 +169,7 @@ class Entry:
     backends: tuple[str, ...] = (ENGINE, FLOWER)
     anchor: bool = False
     batches_colocated: bool = False
+    fixed: tuple[tuple[str, typing.Any], ...] = ()
 
     @property
     def module(self) -> ModuleType:
@@ -177,6 +184,39 @@ class Entry:
                 f"--algorithm {self.name}: its module {self.module_path} does not import "
                 f"({first_line(e)}); fix or uninstall the package that provides it"
             ) from None
+
+    @property
+    def declares_options(self) -> bool:
+        """Whether the sampler's options are its module's ``Settings`` declarations
+        (`fedhmc.algorithms.api.option`), not the run config's fields."""
+        return self.settings is None and self.module_path is not None
+
+    @property
+    def settings_class(self) -> type | None:
+        """The module's ``Settings`` class where the sampler declares its options."""
+        return self.module.Settings if self.declares_options else None
+
+    @property
+    def options(self) -> tuple[api.Option, ...]:
+        """The options the sampler declares (``()`` where its options are the run
+        config's fields), without the fields its name fixes."""
+        if not self.declares_options:
+            return ()
+        fixed = dict(self.fixed)
+        return tuple(o for o in api.options(self.settings_class) if o.name not in fixed)
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The fields of the sampler's Settings where it declares its options."""
+        if not self.declares_options:
+            return ()
+        return tuple(f.name for f in dataclasses.fields(self.settings_class))
+
+    def build_settings(self, cfg):
+        """The sampler's settings from a resolved run config."""
+        if self.settings is not None:
+            return self.settings(cfg)
+        return api.build(self.settings_class, cfg, self.fixed)
 
 
 _FAHMC = dict(
@@ -271,7 +311,9 @@ def _plugins(taken: set[str]) -> tuple[Entry, ...]:
             print(f"fedhmc: sampler {point.value} not loaded: {why}", file=sys.stderr)
             continue
         taken.add(e.name)
-        out.append(dataclasses.replace(e, settings=_checked_settings(e)))
+        out.append(
+            e if e.settings is None else dataclasses.replace(e, settings=_checked_settings(e))
+        )
     return tuple(out)
 
 
@@ -285,8 +327,26 @@ def _plugin_refusal(e, taken: set[str]) -> str | None:
         )
     if e.name in taken:
         return f"its name {e.name!r} is already listed"
-    if not callable(e.settings) or not isinstance(e.module_path, str):
-        return "an Entry needs a module_path and a settings(config) callable"
+    if not isinstance(e.module_path, str) or not (e.settings is None or callable(e.settings)):
+        return "an Entry needs a module_path, and a settings(config) callable or None"
+    if e.settings is None:
+        return _declaration_refusal(e)
+    return None
+
+
+def _declaration_refusal(e: Entry) -> str | None:
+    """Why a sampler that declares its options (``settings=None``) cannot be listed: its
+    module does not import, has no Settings dataclass, or names an option as a run setting
+    other than the shared sampler options."""
+    try:
+        cls = getattr(importlib.import_module(e.module_path), "Settings", None)
+    except BaseException as exc:  # noqa: BLE001 - another package's failure: said, not fatal
+        return f"its module {e.module_path} does not import ({first_line(exc)})"
+    if not dataclasses.is_dataclass(cls):
+        return f"its module {e.module_path} has no Settings dataclass"
+    for f in dataclasses.fields(cls):
+        if f.name in api.RESERVED:
+            return f"its Settings field {f.name!r} is a name fedhmc keeps for a run setting"
     return None
 
 
@@ -343,4 +403,4 @@ def find(name) -> Entry:
 def algorithm_of(cfg):
     """(module, settings) of the algorithm that ``cfg`` (resolved) runs."""
     e = entry(cfg.algorithm)
-    return e.module, e.settings(cfg)
+    return e.module, e.build_settings(cfg)

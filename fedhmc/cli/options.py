@@ -10,8 +10,9 @@ import dataclasses
 import math
 import typing
 
+from fedhmc.algorithms import registry
 from fedhmc.errors import ConfigError, loads_json
-from fedhmc.runtime.config import RunConfig, with_settings_added
+from fedhmc.runtime.config import RunConfig, sampler_options, with_settings_added
 
 
 class _Parser(argparse.ArgumentParser):
@@ -56,7 +57,7 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
             continue  # filled in by fedhmc (config.json and Flower carry it)
         group = groups.get(f.name, group) if only is None else parser
         flag = "--" + f.name.replace("_", "-")
-        help_ = f.metadata["help"]
+        help_ = f.metadata["help"] + shared_help(f.name)
         default = f.default
         if hints[f.name] is bool:
             group.add_argument(flag, action="store_true", default=argparse.SUPPRESS, help=help_)
@@ -82,6 +83,27 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
             help=help_,
         )
 
+    for o in sampler_options().values():  # the samplers' own options
+        if only is not None and o.name not in only:
+            continue
+        target = groups["algorithm"] if only is None else parser
+        kind = o.type.__name__.upper() if not o.choices else None
+        help_ = f"{o.help} (default: {o.default})"
+        target.add_argument(
+            o.flag, default=argparse.SUPPRESS, choices=o.choices or None, metavar=kind, help=help_
+        )
+
+
+def shared_help(name: str) -> str:
+    """What the run's sampler option ``name`` means for each sampler that declares it in
+    its own Settings ("; qlsd, qlsd-pp: γ, the Langevin step"), or ""."""
+    by_help: dict[str, list[str]] = {}
+    for e in registry.ENTRIES:
+        for o in e.options:
+            if o.name == name:
+                by_help.setdefault(o.help, []).append(e.name)
+    return "".join(f"; {', '.join(who)}: {h}" for h, who in by_help.items())
+
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
     return RunConfig.from_mapping(config_values(args))
@@ -89,7 +111,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
 
 def config_values(args: argparse.Namespace) -> dict:
     """The RunConfig fields given on the command line (repeated --model-arg joined)."""
-    names = {f.name for f in dataclasses.fields(RunConfig)}
+    names = {f.name for f in dataclasses.fields(RunConfig)} | set(sampler_options())
     out = {k: v for k, v in vars(args).items() if k in names}
     if isinstance(out.get("model_arg"), list):
         out["model_arg"] = ";".join(out["model_arg"])

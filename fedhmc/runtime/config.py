@@ -13,13 +13,15 @@ the settings that played no part in the run (``RunConfig.recorded``).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import os
+import sys
 import typing
 from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
-from fedhmc.algorithms import registry
+from fedhmc.algorithms import api, registry
 from fedhmc.core import MINIBATCH_LAWS, PARTICIPATION_SCHEMES, SYNC_UNITS
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
@@ -115,6 +117,7 @@ NULLABLE = (
     "max_worker_failures",
     *_FLOWER_SETTINGS,
     "participation",
+    *api.SHARED,
 )
 """The settings that ``config.json`` records as ``null`` where they played no part in the
 run (`recorded_settings`); a ``null`` one reads back as its default."""
@@ -124,6 +127,46 @@ def _samplers(fact) -> str:
     """The ``--algorithm`` names whose registry entry has ``fact``, as "a, b or c"."""
     names = [e.name for e in registry.ENTRIES if fact(e)]
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
+
+
+@functools.cache
+def sampler_options() -> dict[str, api.Option]:
+    """The options that samplers declare in their own Settings and that are not the run's
+    fields (``--quantization-levels``, a plugin's own), by field name. An option that
+    several samplers declare is one option; its help names each sampler's meaning. One
+    whose name or type clashes with what is listed already is left out with a line on
+    stderr."""
+    own = {f.name for f in fields(RunConfig)}
+    found: dict[str, api.Option] = {}
+    helps: dict[str, dict[str, list[str]]] = {}
+    for e in registry.ENTRIES:
+        if not e.declares_options:
+            continue
+        for o in e.options:
+            if o.name in own:
+                continue  # a shared option: the run's field
+            if o.name in found and found[o.name].type is not o.type:
+                print(
+                    f"fedhmc: option {o.flag} of --algorithm {e.name} left out: another "
+                    f"sampler declares it as {found[o.name].type.__name__}",
+                    file=sys.stderr,
+                )
+                continue
+            found.setdefault(o.name, o)
+            helps.setdefault(o.name, {}).setdefault(o.help, []).append(e.name)
+    for name, by_help in helps.items():
+        text = "; ".join(f"{', '.join(who)}: {h}" for h, who in by_help.items())
+        found[name] = dataclasses.replace(found[name], help=text)
+    return found
+
+
+def own_options_clause(algo: registry.Entry) -> str:
+    """ " (its options: --step-size, --quantization-levels)" for a sampler that declares its
+    options; "" for one whose options are the run's fields."""
+    if not algo.declares_options:
+        return ""
+    flags = ["--" + n.replace("_", "-") for n in algo.field_names if n not in dict(algo.fixed)]
+    return f" (its options: {', '.join(flags)})" if flags else " (it has no options)"
 
 
 def applies_to(key: str) -> str:
@@ -182,7 +225,11 @@ def unused_settings(config: dict) -> list[str]:
         if c.get("model") in ("logistic", "mlp"):
             unused += ["model_batching", "compile"]
         unused += [k for k in _SPLIT_SETTINGS if c.get("partition") != _SPLIT_USES[k]]
-    if algo.euler:
+    if algo.declares_options:  # the run's sampler options that its Settings lack
+        unused += [k for k in api.SHARED if k not in algo.field_names and k != "participation"]
+        if "clients_per_round" not in algo.field_names:
+            unused.append("participation")
+    elif algo.euler:
         unused.append("rho")
     if not algo.anchor:
         unused.append("anchor_batch_size")
@@ -194,7 +241,7 @@ def unused_settings(config: dict) -> list[str]:
         unused += list(_FLOWER_SETTINGS)
     if c.get("clients_per_round") is None:
         unused.append("participation")
-    return unused
+    return list(dict.fromkeys(unused))
 
 
 SETTINGS_ADDED = {"compile": False}
@@ -233,12 +280,19 @@ STEP_SIZE_MEANINGS = {
 
 def step_size_symbol(algorithm: str) -> str:
     """The symbol of ``--step-size`` under ``algorithm``: ``eta`` for the leapfrog samplers,
-    ``h`` for the Euler ones."""
-    return "h" if registry.find(algorithm).euler else "eta"
+    ``h`` for the Euler ones, ``step`` for a sampler that declares its own options."""
+    e = registry.find(algorithm)
+    if e.declares_options:
+        return "step"
+    return "h" if e.euler else "eta"
 
 
 def step_size_meaning(algorithm: str) -> str:
-    """What ``--step-size`` means under ``algorithm``, in words (``config.json`` records it)."""
+    """What ``--step-size`` means under ``algorithm``, in words (``config.json`` records it):
+    a sampler that declares its options says it in its option's help."""
+    e = registry.find(algorithm)
+    if e.declares_options:
+        return next((o.help for o in e.options if o.name == "step_size"), "its step size")
     return STEP_SIZE_MEANINGS[step_size_symbol(algorithm)]
 
 
@@ -353,6 +407,12 @@ class RunConfig:
         "`async-sghmc` or `async-sgld` (asynchronous distributed SG-MCMC on Flower: `--chains` "
         "servers, `--num-clients` workers)",
         choices=ALGORITHMS,
+    )
+    options: tuple = _f(
+        (),
+        "the options that the sampler declares in its own Settings ((name, value) pairs: "
+        "`--quantization-levels`, a plugin's own); given as options of their own",
+        internal=True,
     )
     protocol: str | None = _f(
         None,
@@ -498,7 +558,8 @@ class RunConfig:
     @staticmethod
     def keys() -> list[str]:
         """The kebab-case keys: option names without ``--`` and Flower run-config keys."""
-        return [f.name.replace("_", "-") for f in fields(RunConfig)]
+        own = [f.name.replace("_", "-") for f in fields(RunConfig) if f.name != "options"]
+        return own + [o.key for o in sampler_options().values()]
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, typing.Any]) -> RunConfig:
@@ -509,11 +570,16 @@ class RunConfig:
         as it is: what it records beside the settings (``RECORDED_ONLY``) is skipped.
         """
         hints = typing.get_type_hints(cls)
-        by_name = {f.name: f for f in fields(cls)}
-        kwargs = {}
+        by_name = {f.name: f for f in fields(cls) if f.name != "options"}
+        declared = sampler_options()
+        kwargs, options = {}, {}
         for key, value in mapping.items():
             name = key.replace("-", "_")
             if name in RECORDED_ONLY:
+                continue
+            if name in declared and name not in by_name:
+                if value is not None and value != "":  # unset: the sampler's default
+                    options[name] = declared[name].parse(value)
                 continue
             if name not in by_name:
                 raise ConfigError(f"unknown setting {key!r}; valid: {', '.join(cls.keys())}")
@@ -523,7 +589,7 @@ class RunConfig:
             kwargs[name] = _coerce(
                 key.replace("_", "-"), value, hints[name], literal_none="none" in choices
             )
-        return cls(**kwargs)
+        return cls(**kwargs, options=tuple(sorted(options.items())))
 
     def to_run_config(self) -> dict[str, typing.Any]:
         """Flower run-config form: kebab-case keys, None written as an empty string.
@@ -544,16 +610,25 @@ class RunConfig:
                 "model='package.module:factory'"
             )
         out = {}
-        for f in fields(self):
-            v = getattr(self, f.name)
-            out[f.name.replace("_", "-")] = "" if v is None else v
+        for name, v in self._flat().items():
+            out[name.replace("_", "-")] = "" if v is None else v
         return out
 
     def to_dict(self) -> dict[str, typing.Any]:
         """The settings as JSON values: data given in memory is recorded as
         ``IN_MEMORY``, a model given as a callable by its import spec (or a description
         when it has none), so that ``config.json`` says truthfully what ran."""
-        return {f.name: _record(f.name, getattr(self, f.name)) for f in fields(self)}
+        return {name: _record(name, v) for name, v in self._flat().items()}
+
+    def _flat(self) -> dict[str, typing.Any]:
+        """The fields, with the sampler's declared options in place of ``options``."""
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "options"}
+        out.update(self.options)
+        return out
+
+    def option(self, name: str):
+        """The value given for the sampler's declared option ``name``, or None."""
+        return dict(self.options).get(name)
 
     def recorded(self) -> dict[str, typing.Any]:
         """What ``config.json`` records: ``to_dict`` of this resolved config with the
@@ -594,7 +669,11 @@ class RunConfig:
                 parts.append(f"all {n} clients every round")
         symbol = {"eta": "η"}.get(step_size_symbol(self.algorithm), "h")
         steps = f"{symbol}={self.step_size:g}"
-        if algo.euler:
+        if algo.declares_options:
+            values = algo.build_settings(self)
+            shown = [f for f in algo.field_names if f not in dict(algo.fixed)]
+            tail = " ".join(f"{f.replace('_', '-')}={_shown(getattr(values, f))}" for f in shown)
+        elif algo.euler:
             tail = f"{self.local_steps} steps a round {steps}"
         else:
             tail = f"K={self.leapfrog_steps} T={self.local_steps} {steps} ρ={self.rho:g}"
@@ -611,6 +690,18 @@ class RunConfig:
         return _user_file(self.dataset)
 
     def replace(self, **changes) -> RunConfig:
+        """This config with ``changes``: fields, or the sampler's declared options (None:
+        back to the sampler's default)."""
+        own = {f.name for f in fields(self)}
+        declared = {k: changes.pop(k) for k in list(changes) if k not in own}
+        unknown = [k for k in declared if k not in sampler_options()]
+        if unknown:
+            raise TypeError(f"RunConfig has no setting {unknown[0]!r}")
+        if declared:
+            options = dict(changes.get("options", self.options))
+            options.update(declared)
+            kept = {k: v for k, v in options.items() if v is not None}
+            changes["options"] = tuple(sorted(kept.items()))
         return dataclasses.replace(self, **changes)
 
     @property
@@ -703,8 +794,10 @@ class RunConfig:
                     )
                 if chains is None:  # one server per chain, each with its own workers
                     chains = 1
-            elif self.dataset != "gaussian-hetero":  # the pooled data: one "client"
-                pooled = {"num_clients": 1, "partition": "iid"}
+            elif not algo.federated and self.dataset != "gaussian-hetero":
+                pooled = {"num_clients": 1, "partition": "iid"}  # the pooled data: one "client"
+        elif algo.declares_options:
+            pass  # its options: refused where it lacks them (_check_sampler_options)
         elif self.staleness or self.friction is not None:
             raise ConfigError(
                 "--staleness and --friction apply to --algorithm sghmc or sgld only, "
@@ -863,6 +956,7 @@ class RunConfig:
 
         The checks run in this order, and the first that fails gives the message."""
         algo = registry.find(self.algorithm)
+        self._check_sampler_options(algo)
         self._check_trajectory(algo)
         self._check_participation(algo)
         self._check_output()
@@ -876,6 +970,20 @@ class RunConfig:
         self._check_choices()
         self._check_flower()
         self._check_model()
+
+    def _check_sampler_options(self, algo: registry.Entry) -> None:
+        """The options the sampler declares: one given that it does not declare is refused,
+        naming its own options; its Settings check the values."""
+        own = set(algo.field_names)
+        for name, _ in self.options:
+            if name not in own:
+                flag = "--" + name.replace("_", "-")
+                raise ConfigError(
+                    f"{flag} is not an option of --algorithm {self.algorithm}"
+                    f"{own_options_clause(algo)}; drop {flag}"
+                )
+        if algo.declares_options and self.step_size is not None:
+            algo.build_settings(self)  # the sampler's own checks, in one line
 
     def _check_trajectory(self, algo: registry.Entry) -> None:
         """``--sync-unit``, ``--fresh-gradients`` and ``--restart-trajectories``."""
@@ -893,7 +1001,15 @@ class RunConfig:
     def _check_participation(self, algo: registry.Entry) -> None:
         """``--clients-per-round`` and ``--participation``."""
         S = self.clients_per_round
-        if S is not None or self.participation is not None:
+        if algo.declares_options:
+            for name in ("clients_per_round", "participation"):
+                flag = "--" + name.replace("_", "-")
+                _need(
+                    getattr(self, name) is None or name in algo.field_names,
+                    f"{flag} is not an option of --algorithm {self.algorithm}"
+                    f"{own_options_clause(algo)}; drop {flag}",
+                )
+        elif S is not None or self.participation is not None:
             _need(
                 algo.partial_participation,
                 "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
@@ -1152,6 +1268,10 @@ class RunConfig:
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+def _shown(value) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)
 
 
 def _need(ok: bool, msg: str) -> None:

@@ -8,25 +8,9 @@ holds); the Flower layer wraps them. Keys are kebab-case, as in Flower's run con
 
 from __future__ import annotations
 
-from types import SimpleNamespace
-
-from fedhmc.algorithms import fahmc, registry
+from fedhmc.algorithms import api, federated, registry
 from fedhmc.errors import MODEL_ERROR_CODE  # noqa: F401 (the wire's, declared there)
 from fedhmc.runtime.config import RunConfig
-
-SAMPLER = {
-    # wire key: (RunConfig field, type); the algorithm's registry entry builds its Settings
-    "local-steps": ("local_steps", int),
-    "leapfrog-steps": ("leapfrog_steps", int),
-    "step-size": ("step_size", float),
-    "rho": ("rho", float),
-    "grad-noise": ("grad_noise", float),
-    "temperature": ("temperature", float),
-    "sync-unit": ("sync_unit", str),
-    "fresh-gradients": ("fresh_gradients", bool),
-    "restart-trajectories": ("restart_trajectories", bool),
-}
-"""The sampler settings of a round."""
 
 DATA = {
     # wire key: (RunConfig field, type)
@@ -41,20 +25,20 @@ DATA = {
 def encode_round(
     cfg: RunConfig, round_: int, num_total: int, round_seed: int | None = None
 ) -> dict:
-    """Round ``round_``'s settings: its number and seed, n, the chains, the algorithm, and
-    every sampler and data setting."""
-    seed = fahmc.round_seed(cfg.seed, round_) if round_seed is None else round_seed
+    """Round ``round_``'s settings: its number and seed, n, the chains, the algorithm,
+    every field of the sampler's Settings (`fedhmc.algorithms.api.to_wire`) and the data
+    settings."""
+    seed = federated.round_seed(cfg.seed, round_) if round_seed is None else round_seed
     out = {
         "round": int(round_),
         "round-seed": int(seed),
         "num-examples-total": int(num_total),
         "chains": int(cfg.chains),
         "algorithm": str(cfg.algorithm),
-        "anchor-batch-size": int(cfg.anchor_batch_size),
     }
     if cfg.data_sha256:  # the server's data: a client whose own copy differs refuses the round
         out["data-sha256"] = str(cfg.data_sha256)  # (Flower cannot count an empty string)
-    out.update({k: t(getattr(cfg, f)) for k, (f, t) in SAMPLER.items()})
+    out.update(api.to_wire(registry.entry(cfg.algorithm).build_settings(cfg)))
     out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
     return out
 
@@ -65,35 +49,15 @@ def algorithm_entry(message: dict) -> registry.Entry:
     return registry.entry(message.get("algorithm") or registry.DEFAULT_ALGORITHM)
 
 
-def decode_sampler(message: dict) -> fahmc.Settings:
-    """The settings a round's settings describe, built by the algorithm's own registry
-    entry from the round's settings (debiased FA-HMC's with the anchor batch size)."""
-    fields = {f: t(message[k]) for k, (f, t) in SAMPLER.items()}
-    algo = algorithm_entry(message)
-    if algo.anchor:
-        fields["anchor_batch_size"] = int(message["anchor-batch-size"])
-    # Partial participation is the server's: a client's Settings draw no clients.
-    view = SimpleNamespace(**fields, clients_per_round=None, participation=None)
-    return algo.settings(view)
+def decode_sampler(message: dict):
+    """The sampler's settings that a round's settings carry: its module's ``Settings``
+    made from them (`fedhmc.algorithms.api.from_wire`)."""
+    return api.from_wire(algorithm_entry(message).module.Settings, message)
 
 
-ARRAYS = {
-    # array name: Broadcast field
-    "theta": "position",
-    "momentum": "momentum",
-    "origin": "origin",
-    "anchor": "anchor_position",
-    "anchor-grad": "anchor_grad",
-}
-"""The arrays of a round's message, by the Broadcast field each carries."""
-
-REPLY_ARRAYS = {
-    # array name: ClientUpdate field
-    "theta": "position",
-    "momentum": "momentum",
-    "grad": "local_grad",
-}
-"""The arrays of a client's reply, by the ClientUpdate field each carries."""
+def _tables(algorithm) -> tuple[dict, dict]:
+    """(message, reply): the algorithm module's tables of wire name → field."""
+    return dict(algorithm.MESSAGE), dict(algorithm.REPLY)
 
 
 def _names(fields, table: dict) -> tuple[str, ...]:
@@ -101,66 +65,70 @@ def _names(fields, table: dict) -> tuple[str, ...]:
     return tuple(by_field[f] for f in fields)
 
 
-def reply_names(layout) -> tuple[str, ...]:
+def reply_names(algorithm, layout) -> tuple[str, ...]:
     """The array names of a client's reply in a round of ``layout`` (the algorithm's)."""
-    return _names(layout.up, REPLY_ARRAYS)
+    return _names(layout.up, _tables(algorithm)[1])
 
 
-def encode_message(cfg: RunConfig, message, num_total: int, layout) -> tuple[dict, dict]:
-    """A round's Broadcast as the (settings, arrays) of a Flower message: the arrays the
-    round's ``layout`` (its algorithm's) names, θ̄ first, by their wire names, on the CPU."""
+def encode_message(cfg: RunConfig, message, num_total: int, layout, algorithm) -> tuple[dict, dict]:
+    """A round's message as the (settings, arrays) of a Flower message: the arrays the
+    round's ``layout`` names, θ̄ first, by the names the algorithm's module gives them
+    (``MESSAGE``), on the CPU, and its declared scalars (``MESSAGE_VALUES``)."""
     config = encode_round(cfg, message.round, num_total, message.round_seed)
-    if message.anchor_round is not None:
-        config["anchor-round"] = int(message.anchor_round)
+    for key, f in getattr(algorithm, "MESSAGE_VALUES", {}).items():
+        if getattr(message, f) is not None:
+            config[key] = getattr(message, f)
     if message.client_ids is not None:  # partial participation: the round's drawn clients
         config["round-clients"] = [int(c) for c in message.client_ids.tolist()]
     down = layout.down
     # The wire carries CPU arrays, whatever device the server computes on.
     arrays = {
         k: getattr(message, f).detach().cpu()
-        for k, f in zip(_names(down, ARRAYS), down, strict=True)
+        for k, f in zip(_names(down, _tables(algorithm)[0]), down, strict=True)
         if getattr(message, f) is not None
     }
     return config, arrays
 
 
-def decode_message(config: dict, arrays: dict, dtype, device="cpu") -> fahmc.Broadcast:
-    """The Broadcast a round's (settings, arrays) carry, its arrays as tensors of ``dtype``
-    on ``device`` (the client's)."""
+def decode_message(config: dict, arrays: dict, dtype, device="cpu"):
+    """The message a round's (settings, arrays) carry, as the algorithm's ``Broadcast``,
+    its arrays as tensors of ``dtype`` on ``device`` (the client's)."""
     import torch
 
+    algorithm = algorithm_entry(config).module
     tensors = {
         f: torch.as_tensor(arrays[k], device=device).to(dtype)
-        for k, f in ARRAYS.items()
+        for k, f in _tables(algorithm)[0].items()
         if k in arrays
     }
-    anchor_round = config.get("anchor-round") if "anchor" in arrays else None
+    values = {
+        f: config[k] for k, f in getattr(algorithm, "MESSAGE_VALUES", {}).items() if k in config
+    }
     clients = config.get("round-clients")  # partial participation (not the coefficients)
-    return fahmc.Broadcast(
+    return algorithm.Broadcast(
         round=int(config["round"]),
         round_seed=int(config["round-seed"]),
-        anchor_round=None if anchor_round is None else int(anchor_round),
         client_ids=torch.tensor([int(c) for c in clients], device=device) if clients else None,
         **tensors,
+        **values,
     )
 
 
-def encode_reply(update, up: tuple[str, ...], c: int = 0) -> dict:
+def encode_reply(update, up: tuple[str, ...], algorithm, c: int = 0) -> dict:
     """Client ``c``'s arrays of ``update`` (on the CPU) by their wire names: the fields
     ``up`` (the layout's) as (S, D) numpy arrays."""
-    names = _names(up, REPLY_ARRAYS)
+    names = _names(up, _tables(algorithm)[1])
     return {k: getattr(update, f)[:, c].numpy() for k, f in zip(names, up, strict=True)}
 
 
-def decode_reply(arrays: dict, device, **values):
-    """A client's ClientUpdate (M = 1) from its validated reply's arrays (S, D), with
-    ``values`` (its energies and gradient evaluations)."""
+def decode_reply(arrays: dict, device, algorithm, **values):
+    """A client's update (M = 1), the algorithm's ``ClientUpdate``, from its validated
+    reply's arrays (S, D), with ``values`` (its energies and gradient evaluations)."""
     import torch
 
-    fields = {
-        REPLY_ARRAYS[k]: torch.as_tensor(v, device=device).unsqueeze(1) for k, v in arrays.items()
-    }
-    return fahmc.ClientUpdate(**fields, **values)
+    table = _tables(algorithm)[1]
+    fields = {table[k]: torch.as_tensor(v, device=device).unsqueeze(1) for k, v in arrays.items()}
+    return algorithm.ClientUpdate(**fields, **values)
 
 
 def apply_data(cfg: RunConfig, message: dict, keys=tuple(DATA)) -> RunConfig:

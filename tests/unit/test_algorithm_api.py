@@ -13,7 +13,7 @@ import inspect
 import pytest
 import torch
 
-from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, mhmc, oracles, stale
+from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, federated, mhmc, oracles, stale
 from fedhmc.algorithms.delayed import make_regression, sequential_reference
 from fedhmc.algorithms.delayed import sgld as delayed_sgld
 from fedhmc.errors import ConfigError
@@ -104,7 +104,7 @@ def test_step_is_broadcast_client_updates_and_server_update(module, sync_unit, T
             kw = {} if module is fahmc else {"anchor_local": None}  # recomputed
             ups.append(module.client_update(message, target.client(c), s, seeds, **kw))
         how = module.combination(message, target.weights)
-        state, info = module.server_update(state, fahmc.stack_updates(ups), how, s)
+        state, info = module.server_update(state, federated.stack_updates(ups), how, s)
         torch.testing.assert_close(state.position, ref.position, rtol=1e-12, atol=1e-12)
         assert info.clients == 3
     assert state.round == 4

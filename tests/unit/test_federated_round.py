@@ -65,13 +65,13 @@ def test_the_wire_and_the_byte_count_read_the_layout(name, case):
     cfg = _cfg(name, **kw)
     for message, update, settings, module in _messages(cfg, 4):
         layout = module.layout(settings, message.round)
-        _, arrays = wire.encode_message(cfg, message, 100, layout)
-        sent = {wire.ARRAYS[k] for k in arrays}
+        _, arrays = wire.encode_message(cfg, message, 100, layout, module)
+        sent = {module.MESSAGE[k] for k in arrays}
         assert sent == set(layout.down), (message.round, sent, layout.down)
         for f in layout.down:  # every array the layout names is sent, and is (S, D)
             assert getattr(message, f).shape == (cfg.chains, cfg.dim)
-        up = wire.encode_reply(update, layout.up, 0)
-        assert {wire.REPLY_ARRAYS[k] for k in up} == set(layout.up)
+        up = wire.encode_reply(update, layout.up, module, 0)
+        assert {module.REPLY[k] for k in up} == set(layout.up)
         for f, v in zip(layout.up, up.values(), strict=True):
             assert v.shape == (cfg.chains, cfg.dim), f
         for f in ("momentum", "local_grad"):  # nothing computed is left off the reply

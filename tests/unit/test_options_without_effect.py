@@ -19,7 +19,9 @@ VALUES = {
     "max_staleness": 3, "max_worker_failures": 2, "client_gpus": 0.5, "round_timeout": 5.0,
     "straggler_factor": 2.0, "straggler_floor": 1.0, "min_clients": 2,
     "node_wait_timeout": 5.0, "on_failure": "renormalize", "max_failed_rounds": 2,
-    "participation": "uniform",
+    "participation": "uniform", "step_size": 0.02, "local_steps": 3, "leapfrog_steps": 3,
+    "grad_noise": 0.1, "temperature": 0.5, "clients_per_round": 2, "friction": 0.5,
+    "sync_unit": "leapfrog", "fresh_gradients": True,
 }  # fmt: skip
 """A valid value, other than the default, for every setting a run may leave unused."""
 

@@ -31,6 +31,12 @@ INTERFACE = {
     "combination": "a federated algorithm's rule for combining replies (the interface)",
     "layout": "a federated algorithm's message arrays (fahmc, debiased; wire dispatches)",
     "skip": "a federated algorithm's round without a client (the federated interface)",
+    "MESSAGE": "a federated algorithm's message arrays by wire name (fedhmc.algorithms.api)",
+    "MESSAGE_VALUES": "a federated algorithm's message scalars by wire name",
+    "REPLY": "a federated algorithm's reply arrays by wire name (fedhmc.algorithms.api)",
+    "REPLY_BITS": "the bits a federated algorithm's compressed reply arrays take",
+    "Broadcast": "a federated algorithm's round message (the wire builds it by name)",
+    "ClientUpdate": "a federated algorithm's reply (the wire builds it by name)",
     # The app interface: Flower and the command line look these names up.
     "app": "a Flower ServerApp / ClientApp object (server/app.py, clients/app.py)",
     "main": "a command's entry point (python -m …)",
