@@ -39,13 +39,9 @@ in the user's code it was raised; allocation failures pass through unchanged.
 
 from __future__ import annotations
 
-import contextlib
 import hashlib
-import importlib
 import math
-import os
 import sys
-import traceback
 from collections.abc import Callable
 
 import torch
@@ -54,8 +50,24 @@ from torch.func import vmap
 from torch.overrides import TorchFunctionMode
 
 from fedhmc.core import rng
-from fedhmc.errors import ConfigError, FedHMCError, ModelError, first_line
+from fedhmc.errors import ConfigError, ModelError
 from fedhmc.models import BATCHINGS
+
+# (describe_factory, format_model_args, load_factory, parse_model_args and spec_of are
+# re-exported: the run configuration and the benchmarks import them from here)
+from fedhmc.models.loading import (
+    BUILD_SEED,
+    build_module,
+    check_module,
+    describe_exception,
+    describe_factory,  # noqa: F401
+    format_model_args,  # noqa: F401
+    load_factory,  # noqa: F401
+    parse_model_args,  # noqa: F401
+    passes_through,
+    rounding_tolerance,
+    spec_of,  # noqa: F401
+)
 
 try:  # torch.func.vmap's own primitives: one batching level without its per-call checks
     from torch._C._functorch import (
@@ -76,17 +88,6 @@ flattens them at every call (about 50 µs, measured, as much as a small model's 
 gradient). Both run the same batching rules, so they give the same numbers bit for bit
 (tested); a torch without the primitives uses ``torch.func.vmap``."""
 
-SLOW_BUILD_SECONDS = 2.0
-"""A ``--model`` factory still running after this many seconds prints `building_note`."""
-
-
-def building_note(name: str) -> None:
-    """The one line a slow ``--model`` factory prints while it runs."""
-    import sys
-
-    print(f"fedhmc: building the model (--model {name}) …", file=sys.stderr, flush=True)
-
-
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
 per row (minibatch × values per example): ``python -m benchmarks --only models`` measured
@@ -96,12 +97,6 @@ convolutions are slow on a CPU only when they are large)."""
 
 PREDICT_CHUNK = 2048
 """Examples per forward pass when predicting a test set (bounds the activations' memory)."""
-
-BUILD_SEED = 0
-"""torch's seed while the factory builds the module that a run evaluates (its global random
-state is saved and restored around it): what the factory draws at random, a frozen
-part's or a buffer's values, is then the same on the engine, the Flower server and every
-client. The sampled parameters' values are θ's, drawn per chain (``module_init``)."""
 
 COMPILE_MAX_VALUES = 100_000
 """``compile`` compiles a module's gradient when a row's minibatch holds fewer input values
@@ -114,16 +109,6 @@ COMPILE_RTOL = {torch.float32: 1e-3, torch.float64: 1e-9}
 """How far, relative to the largest gradient component, the compiled gradient of the check's
 batch may be from the eager one before ``compile`` is refused: its kernels sum in another
 order (measured 1e-7 in float32), while a wrong compilation is off by far more."""
-
-BATCH_RTOL = 1e-4
-"""How far, relative to the largest output (or 1), an example's output alone may be from
-its output within a batch (``TorchModel``'s check that the module treats examples one by
-one): float rounding moves them by ~1e-6 in float32, while batch norm without running
-statistics moves logits by ~0.1 and more."""
-
-BATCH_RTOL_ACCELERATOR = 1e-3
-"""``BATCH_RTOL`` in float32 on a GPU, whose kernels may differ by batch size and run
-convolutions in TF32 (10 mantissa bits, ~5e-4 relative per operation)."""
 
 _MATMULS = frozenset(
     {torch.matmul, torch.mm, torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__}
@@ -246,169 +231,6 @@ def _classes_axis(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     return logits, -1
 
 
-_OUR_CODE = (
-    os.path.dirname(os.path.abspath(torch.__file__)) + os.sep,
-    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
-)
-"""torch's and fedhmc's own folders: a user error's place is its innermost frame outside them."""
-
-
-def _passes_through(exc: BaseException) -> bool:
-    """Whether an exception from the user's code is not the user's code's fault, and goes
-    up as it is: a ``FedHMCError`` (already one line), or an allocation failure (the run's
-    out-of-memory handling names the fix)."""
-    if isinstance(exc, (FedHMCError, MemoryError)):
-        return True
-    try:
-        from fedhmc_datasets.memory import is_out_of_memory
-    except ImportError:  # pragma: no cover - the datasets ship with fedhmc
-        oom = getattr(torch, "OutOfMemoryError", None)
-        return oom is not None and isinstance(exc, oom)
-    return is_out_of_memory(exc)
-
-
-def describe_exception(exc: BaseException) -> str:
-    """``Type: first line of the message (at file.py:line)``: an exception in one line, at
-    the innermost frame of its traceback that is neither torch's nor fedhmc's (the user's
-    own code), where there is one."""
-    out = first_line(exc)
-    frames = traceback.extract_tb(exc.__traceback__) if exc.__traceback__ else []
-    mine = [f for f in frames if not os.path.abspath(f.filename).startswith(_OUR_CODE)]
-    if mine:
-        out += f" (at {os.path.basename(mine[-1].filename)}:{mine[-1].lineno})"
-    return out
-
-
-def load_factory(spec: str) -> Callable[..., torch.nn.Module]:
-    """The callable named by ``"package.module:factory"`` (``factory`` may be dotted, such
-    as ``Class.build``). The current directory is searched too, as for ``python -m``."""
-    if not isinstance(spec, str) or spec.count(":") != 1:
-        raise ConfigError(
-            f"--model {spec!r} is neither a built-in model nor a PACKAGE.MODULE:FACTORY spec; "
-            "use logistic, mlp, cnn, or e.g. mypackage.nets:make_cnn"
-        )
-    mod_name, attr = (s.strip() for s in spec.split(":"))
-    if not mod_name or not attr:
-        raise ConfigError(
-            f"--model {spec!r}: both sides of ':' are needed, as in mypackage.nets:make_cnn"
-        )
-    try:
-        with _exits_raise():
-            module = _import(mod_name)
-    except SystemExit as e:
-        raise ConfigError(
-            f"--model {spec}: importing {mod_name!r} ended the program ({_exit_call(e)}); a "
-            "module fedhmc imports must not exit"
-        ) from None
-    except ModuleNotFoundError as e:
-        raise ConfigError(
-            f"--model {spec}: cannot import {mod_name!r} ({e}); run from the folder that "
-            "holds it, install it, or add its folder to PYTHONPATH"
-        ) from None
-    except Exception as e:  # the user's module raised while being imported
-        raise ConfigError(
-            f"--model {spec}: importing {mod_name!r} failed with {type(e).__name__}: {e}"
-        ) from None
-    obj = module
-    for part in attr.split("."):
-        obj = getattr(obj, part, None)
-        if obj is None:
-            raise ConfigError(
-                f"--model {spec}: module {mod_name!r} has no attribute {attr!r}; "
-                "name a function or class that returns a torch.nn.Module"
-            )
-    if not callable(obj):
-        raise ConfigError(f"--model {spec}: {attr!r} is not callable; name a factory function")
-    return obj
-
-
-@contextlib.contextmanager
-def _exits_raise():
-    """While the user's code runs: ``os._exit`` raises SystemExit as ``sys.exit`` does, so
-    that a factory that ends the process is said in one line (it left with its code and no
-    word)."""
-    real = os._exit
-
-    def _exit(code):
-        raise _HardExit(code) from None
-
-    os._exit = _exit
-    try:
-        yield
-    finally:
-        os._exit = real
-
-
-class _HardExit(SystemExit):
-    """``os._exit`` called by the user's code (see `_exits_raise`)."""
-
-
-def _exit_call(e: SystemExit) -> str:
-    return f"it called {'os._exit' if isinstance(e, _HardExit) else 'sys.exit'}({e.code!r})"
-
-
-def _import(name: str):
-    try:
-        return importlib.import_module(name)
-    except ModuleNotFoundError as e:
-        cwd = os.getcwd()
-        if e.name is None or not name.startswith(e.name) or cwd in sys.path:
-            raise
-        sys.path.insert(0, cwd)  # as `python -m` would: the user's own module in the cwd
-        return importlib.import_module(name)
-
-
-def spec_of(factory: Callable) -> str | None:
-    """The ``module:qualname`` spec that imports ``factory`` back, or None (a lambda, a
-    function defined in a notebook's or script's ``__main__``, a closure)."""
-    mod = getattr(factory, "__module__", None)
-    qual = getattr(factory, "__qualname__", None)
-    if not mod or not qual or mod == "__main__" or "<" in qual:
-        return None
-    try:
-        obj = importlib.import_module(mod)
-        for part in qual.split("."):
-            obj = getattr(obj, part)
-    except (ImportError, AttributeError):
-        return None
-    return f"{mod}:{qual}" if obj is factory else None
-
-
-def parse_model_args(text: str | dict | None) -> dict:
-    """``--model-arg`` values: ``"KEY=VALUE;KEY=VALUE"`` (or a dict) to keyword arguments.
-
-    Values are Python literals where they parse as one (``16``, ``0.5``, ``True``,
-    ``(1, 28, 28)``), else strings.
-    """
-    import ast
-
-    if text is None or text == "":
-        return {}
-    if isinstance(text, dict):
-        return dict(text)
-    out = {}
-    for item in str(text).split(";"):
-        if not item.strip():
-            continue
-        key, sep, value = item.partition("=")
-        key = key.strip().replace("-", "_")
-        if not sep or not key.isidentifier():
-            raise ConfigError(
-                f"--model-arg {item.strip()!r} is not KEY=VALUE with KEY a Python name; "
-                "write e.g. --model-arg channels=16"
-            )
-        try:
-            out[key] = ast.literal_eval(value.strip())
-        except (ValueError, SyntaxError):
-            out[key] = value.strip()
-    return out
-
-
-def format_model_args(kwargs: dict) -> str:
-    """The inverse of ``parse_model_args`` (for ``config.json`` and Flower)."""
-    return ";".join(f"{k}={v!r}" if isinstance(v, str) else f"{k}={v}" for k, v in kwargs.items())
-
-
 def _has_conv(module: torch.nn.Module) -> bool:
     return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
 
@@ -464,7 +286,7 @@ class TorchModel:
         self._factory = factory
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(BUILD_SEED)
-            module = self._build()
+            module = build_module(self._factory, self.kwargs, self.name)
         self.net = module.to(device=device, dtype=dtype).eval()
         named = dict(self.net.named_parameters())
         if not named:
@@ -505,94 +327,11 @@ class TorchModel:
             self._check_compiled(example.to(device=device, dtype=dtype))
 
     # ------------------------------------------------------------------ building
-    def _build(self) -> torch.nn.Module:
-        f = self._factory
-        if isinstance(f, torch.nn.Module):
-            import copy
-
-            module = copy.deepcopy(f)
-        else:
-            import threading
-
-            # A factory that takes a while (a download of weights, a pretrained body) says
-            # so in one line, rather than leaving the terminal silent.
-            timer = threading.Timer(SLOW_BUILD_SECONDS, building_note, (self.name,))
-            timer.daemon = True
-            timer.start()
-            try:
-                with _exits_raise():
-                    module = f(**self.kwargs)
-            except SystemExit as e:
-                raise ModelError(
-                    f"--model {self.name}: the factory ended the program ({_exit_call(e)}) "
-                    "instead of returning a network; fix the factory"
-                ) from None
-            except TypeError as e:
-                raise ConfigError(
-                    f"--model {self.name}: calling the factory with {self.kwargs or 'no'} "
-                    f"arguments failed ({e}); check --model-arg"
-                ) from None
-            except Exception as e:
-                if _passes_through(e):
-                    raise
-                args = ", ".join(f"{k}={v!r}" for k, v in self.kwargs.items())
-                args = f"with {args} " if args else ""
-                raise ModelError(
-                    f"--model {self.name}: the factory {args}raised {describe_exception(e)}; "
-                    "fix the factory or its --model-arg values"
-                ) from e
-            finally:
-                timer.cancel()
-        if not isinstance(module, torch.nn.Module):
-            raise ConfigError(
-                f"--model {self.name}: the factory returned a {type(module).__name__}, not a "
-                "torch.nn.Module; return the network itself"
-            )
-        return module
-
     def _check(self, example: torch.Tensor) -> None:
         """Refuse, in one line, a module that fedhmc cannot sample (see the module's doc)."""
         name = self.name
         x = example[: min(4, example.shape[0])]
-        buffers = {k: b.clone() for k, b in self.net.named_buffers()}
-        frozen = {k: p.detach().clone() for k, p in self.frozen_parameters().items()}
-        try:
-            with torch.no_grad():
-                out1 = self.net(x)
-                out2 = self.net(x)
-        except Exception as e:
-            raise ConfigError(
-                f"--model {name}: the module fails on inputs of shape "
-                f"{tuple(x.shape[1:])} ({type(e).__name__}: {e}); make it take the data's "
-                "features as they are"
-            ) from None
-        if not isinstance(out1, torch.Tensor) or out1.shape != (x.shape[0], self.num_classes):
-            shape = tuple(out1.shape) if isinstance(out1, torch.Tensor) else type(out1).__name__
-            raise ConfigError(
-                f"--model {name}: outputs of shape {shape} for a batch of {x.shape[0]}; "
-                f"the last dimension must be the {self.num_classes} classes, as ({x.shape[0]}, "
-                f"{self.num_classes})"
-            )
-        changed = [k for k, b in self.net.named_buffers() if not torch.equal(b, buffers[k])]
-        if changed:
-            raise ConfigError(
-                f"--model {name}: the forward pass changes the buffer(s) {', '.join(changed)} "
-                "even in eval mode; fedhmc needs a function of θ alone (no running statistics)"
-            )
-        now = self.frozen_parameters()
-        changed = [k for k, p in frozen.items() if not torch.equal(now[k], p)]
-        if changed:
-            raise ConfigError(
-                f"--model {name}: the forward pass changes the frozen parameter(s) "
-                f"{', '.join(changed)}; fedhmc needs a function of θ alone (keep constants "
-                "unchanged, or in buffers the forward pass does not write)"
-            )
-        if not torch.allclose(out1, out2, rtol=0.0, atol=0.0, equal_nan=True):
-            raise ConfigError(
-                f"--model {name}: two forward passes at the same θ give different outputs in "
-                "eval mode; fedhmc needs a deterministic module (no sampling in forward)"
-            )
-        self._check_per_example(x, out1)
+        out1 = check_module(self.net, x, self.num_classes, name)
         self.classes_first = self._same_classes_first(x, out1)
         y = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
         sw = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
@@ -607,47 +346,6 @@ class TorchModel:
                     "add --model-batching loop"
                 ) from None
 
-    def _check_per_example(self, x: torch.Tensor, batched: torch.Tensor) -> None:
-        """Refuse a module whose output for an example depends on the other examples of its
-        batch: each example's output alone must equal its output within the batch
-        ``batched``, up to ``BATCH_RTOL`` of the largest output (float rounding)."""
-        if x.shape[0] < 2:
-            return
-        name = self.name
-        cause = (
-            "fedhmc needs each example's output from that example alone (batch norm without "
-            "running statistics, track_running_stats=False, normalises over the batch: "
-            "use LayerNorm or GroupNorm, or batch norm with running statistics)"
-        )
-        try:
-            with torch.no_grad():
-                alone = [self.net(x[i : i + 1]) for i in range(x.shape[0])]
-        except Exception as e:
-            raise ConfigError(
-                f"--model {name}: the module runs on a batch of {x.shape[0]} examples but fails "
-                f"on one alone ({describe_exception(e)}); {cause}"
-            ) from None
-        bad = [
-            tuple(a.shape)
-            for a in alone
-            if not isinstance(a, torch.Tensor) or a.shape != (1, self.num_classes)
-        ]
-        if bad:
-            raise ConfigError(
-                f"--model {name}: outputs of shape {bad[0]} for a batch of 1 but "
-                f"({x.shape[0]}, {self.num_classes}) for a batch of {x.shape[0]}; keep the "
-                "batch dimension for any batch size (no squeeze())"
-            )
-        alone_t = torch.cat(alone)
-        same = (alone_t == batched) | (alone_t.isnan() & batched.isnan())  # inf and NaN too
-        tol = self._rounding(batched)
-        gap = float((alone_t - batched).abs()[~same].max()) if not bool(same.all()) else 0.0
-        if not gap <= tol:  # a NaN or infinite one alone, too
-            raise ConfigError(
-                f"--model {name}: an example's output alone differs from its output within a "
-                f"batch of {x.shape[0]} (by up to {gap:.3g}); {cause}"
-            )
-
     def _same_classes_first(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         """Whether the module runs under `ClassesFirstLinear` and gives its outputs ``out``
         on ``x`` there, up to float rounding (``BATCH_RTOL``)."""
@@ -655,21 +353,13 @@ class TorchModel:
             with torch.no_grad(), ClassesFirstLinear():
                 got = self.net(x)
         except Exception as e:  # noqa: BLE001 - e.g. a .view() of a layer's output
-            if _passes_through(e):
+            if passes_through(e):
                 raise
             return False
         if not isinstance(got, torch.Tensor) or got.shape != out.shape:
             return False
-        return bool(torch.allclose(got, out, rtol=0.0, atol=self._rounding(out), equal_nan=True))
-
-    def _rounding(self, out: torch.Tensor) -> float:
-        """How far two computations of the outputs ``out`` may differ by float rounding:
-        ``BATCH_RTOL`` (``BATCH_RTOL_ACCELERATOR`` in float32 off the CPU) of the largest
-        finite output, or of 1."""
-        finite = out[out.isfinite()]
-        scale = float(finite.abs().max()) if finite.numel() else 0.0
-        loose = self.device.type != "cpu" and out.dtype != torch.float64
-        return (BATCH_RTOL_ACCELERATOR if loose else BATCH_RTOL) * max(scale, 1.0)
+        tol = rounding_tolerance(out)
+        return bool(torch.allclose(got, out, rtol=0.0, atol=tol, equal_nan=True))
 
     def __getstate__(self) -> dict:
         """For pickling and ``copy``: without the vmapped and compiled closures (rebuilt on
@@ -730,7 +420,7 @@ class TorchModel:
             with ClassesFirstLinear():
                 return run()
         except Exception as e:
-            if _passes_through(e):
+            if passes_through(e):
                 raise
             out = run()  # raises again if the module itself fails
             self._as_written(shape, e)
@@ -862,7 +552,7 @@ class TorchModel:
         for seed in seeds:
             with torch.random.fork_rng(devices=[]):
                 torch.manual_seed(int(seed))
-                module = self._build()
+                module = build_module(self._factory, self.kwargs, self.name)
                 if isinstance(self._factory, torch.nn.Module):  # a copy: draw afresh
                     for m in module.modules():
                         if hasattr(m, "reset_parameters"):
@@ -935,7 +625,7 @@ class TorchModel:
                 if out is not None:  # (None: a shape past COMPILE_MAX_SHAPES, eager below)
                     return out[0], out[1] if need_value else None
             except Exception as e:
-                if _passes_through(e):
+                if passes_through(e):
                     raise
                 self._uncompiled(e)  # torch.compile failed on these shapes: eager from now on
         try:
@@ -946,7 +636,7 @@ class TorchModel:
                 return g, torch.stack([o[1] for o in out]) if need_value else None
             return self._grad(theta, X, y, sw, need_value)
         except Exception as e:
-            if _passes_through(e):
+            if passes_through(e):
                 raise
             raise self._user_error(e, "forward or backward pass") from e
 
@@ -991,15 +681,7 @@ class TorchModel:
                 logp = F.log_softmax(z, dim=c)
                 outs.append(logp if c == -1 else logp.mT)
         except Exception as e:
-            if _passes_through(e):
+            if passes_through(e):
                 raise
             raise self._user_error(e, "forward pass (predicting the test set)") from e
         return torch.cat(outs, dim=1)
-
-
-def describe_factory(factory) -> str:
-    """A short name for a factory given in Python (for messages and ``config.json``)."""
-    if isinstance(factory, torch.nn.Module):
-        return f"<in-memory module {type(factory).__name__}>"
-    name = getattr(factory, "__qualname__", None) or getattr(factory, "__name__", "callable")
-    return f"<in-memory callable {name}>"

@@ -21,7 +21,8 @@ from torch import nn
 
 from fedhmc import RunConfig, run
 from fedhmc.errors import ConfigError, FedHMCError, ModelError
-from fedhmc.models.module import BATCH_RTOL, TorchModel
+from fedhmc.models.loading import BATCH_RTOL
+from fedhmc.models.module import TorchModel
 
 F, C = 64, 10  # digits
 
@@ -413,10 +414,10 @@ def test_a_slow_factory_says_it_is_building_in_one_line(monkeypatch, capsys):
     """The line comes while the factory runs (the factory here waits for it: no timing)."""
     import threading
 
-    from fedhmc.models import module
+    from fedhmc.models import loading, module
 
     said = threading.Event()
-    note = module.building_note
+    note = loading.building_note
 
     def noting(name):
         note(name)
@@ -426,11 +427,11 @@ def test_a_slow_factory_says_it_is_building_in_one_line(monkeypatch, capsys):
         assert said.wait(10), "no line while the factory ran"
         return torch.nn.Linear(4, 3)
 
-    monkeypatch.setattr(module, "SLOW_BUILD_SECONDS", 0.0)
-    monkeypatch.setattr(module, "building_note", noting)
+    monkeypatch.setattr(loading, "SLOW_BUILD_SECONDS", 0.0)
+    monkeypatch.setattr(loading, "building_note", noting)
     module.TorchModel(slow, 3, torch.zeros(2, 4), name="slow:net")
     err = capsys.readouterr().err.strip().splitlines()
     assert err == ["fedhmc: building the model (--model slow:net) …"]
-    monkeypatch.setattr(module, "SLOW_BUILD_SECONDS", 3600.0)
+    monkeypatch.setattr(loading, "SLOW_BUILD_SECONDS", 3600.0)
     module.TorchModel(lambda: torch.nn.Linear(4, 3), 3, torch.zeros(2, 4))  # quick: silent
     assert capsys.readouterr().err == ""
