@@ -87,7 +87,6 @@ def _log_ticks(axis) -> None:
 @functools.cache
 def _readable_figure_class():
     from matplotlib.figure import Figure
-    from matplotlib.ticker import FixedLocator, ScalarFormatter
 
     class ReadableFigure(Figure):
         """A Figure whose plots stay readable at the width of a documentation page.
@@ -117,20 +116,7 @@ def _readable_figure_class():
             return axes if squeeze else axes.reshape(1, ncols)
 
         def savefig(self, *args, **kwargs):
-            for ax in self.axes:
-                for axis in (ax.xaxis, ax.yaxis):
-                    fmt = axis.get_major_formatter()
-                    if type(fmt) is ScalarFormatter:
-                        fmt.set_powerlimits((-3, 4))
-                        fmt.set_useMathText(True)
-                    elif axis.get_scale() == "log" and not isinstance(
-                        axis.get_major_locator(), FixedLocator
-                    ):
-                        _log_ticks(axis)
-                legend = ax.get_legend()
-                if legend is not None:
-                    for text in legend.get_texts():
-                        text.set_fontsize(max(text.get_fontsize(), MIN_LEGEND_SIZE))
+            _readable_axes(self)
             if self.wrapped and not getattr(self, "_tidied", False):
                 self._tidied = True
                 self._legend_below()
@@ -139,28 +125,53 @@ def _readable_figure_class():
         def _legend_below(self):
             """A wrapped figure: the legend of the first panel goes under the panels, where it
             hides no line, and a long title is cut into lines that fit the width."""
-            import textwrap
-
-            width, height = self.get_size_inches()
-            title = self._suptitle
-            if title is not None:
-                chars = int(width * 72 / (title.get_fontsize() * 0.55))
-                title.set_text("\n".join(textwrap.wrap(title.get_text(), chars)))
-            bottom = 0.0
-            legend = self.axes[0].get_legend() if self.axes else None
-            if legend is not None:
-                handles, labels = self.axes[0].get_legend_handles_labels()
-                legend.remove()
-                ncol = min(3, len(labels))
-                size = MIN_LEGEND_SIZE + 0.5
-                self.legend(
-                    handles, labels, loc="lower center", ncol=ncol, fontsize=size, frameon=False
-                )
-                rows = math.ceil(len(labels) / ncol)
-                bottom = (rows * size * 1.7 + 14) / 72 / height
-            self.tight_layout(rect=(0, bottom, 1, 1))
+            _legend_below_panels(self)
 
     return ReadableFigure
+
+
+def _readable_axes(fig) -> None:
+    """At saving: large or small tick values get a common ×10ⁿ factor, log axes labels that
+    do not crowd (ticks placed with ``set_xticks`` are kept), legends at least
+    ``MIN_LEGEND_SIZE`` points."""
+    from matplotlib.ticker import FixedLocator, ScalarFormatter
+
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            fmt = axis.get_major_formatter()
+            if type(fmt) is ScalarFormatter:
+                fmt.set_powerlimits((-3, 4))
+                fmt.set_useMathText(True)
+            elif axis.get_scale() == "log" and not isinstance(
+                axis.get_major_locator(), FixedLocator
+            ):
+                _log_ticks(axis)
+        legend = ax.get_legend()
+        if legend is not None:
+            for text in legend.get_texts():
+                text.set_fontsize(max(text.get_fontsize(), MIN_LEGEND_SIZE))
+
+
+def _legend_below_panels(fig) -> None:
+    """A wrapped figure's legend under the panels and its title cut into lines that fit."""
+    import textwrap
+
+    width, height = fig.get_size_inches()
+    title = fig._suptitle
+    if title is not None:
+        chars = int(width * 72 / (title.get_fontsize() * 0.55))
+        title.set_text("\n".join(textwrap.wrap(title.get_text(), chars)))
+    bottom = 0.0
+    legend = fig.axes[0].get_legend() if fig.axes else None
+    if legend is not None:
+        handles, labels = fig.axes[0].get_legend_handles_labels()
+        legend.remove()
+        ncol = min(3, len(labels))
+        size = MIN_LEGEND_SIZE + 0.5
+        fig.legend(handles, labels, loc="lower center", ncol=ncol, fontsize=size, frameon=False)
+        rows = math.ceil(len(labels) / ncol)
+        bottom = (rows * size * 1.7 + 14) / 72 / height
+    fig.tight_layout(rect=(0, bottom, 1, 1))
 
 
 def new_figure(width: float = 6.0, height: float = 4.0):
@@ -258,6 +269,23 @@ def plot(
         x = None
     else:
         x = "dim" if kind == "rounds2-vs-dim" else (x or DEFAULT_X[kind])
+    rows = _plottable_rows(rows, kind, metric, (hue, x), threshold)
+    fig = new_figure()
+    ax = fig.add_subplot()
+    if kind == "rounds":
+        _draw_rounds(ax, rows, metric, hue)
+    else:
+        _draw_versus(ax, rows, kind, metric, (hue, x), threshold)
+    if len(ax.get_lines()) > 1 or hue:
+        ax.legend(fontsize=7)
+    return _save(fig, out_stem)
+
+
+def _plottable_rows(rows: list[dict], kind: str, metric: str, hue_x: tuple, threshold):
+    """``rows`` checked for ``plot`` (the columns it needs, a threshold where the kind needs
+    one, a non-empty ``x``) and kept to those with a round (of completed or diverged cells
+    when the table has a status)."""
+    hue, x = hue_x
     _need(rows, "round", metric, hue, x)
     if kind in ("rounds-to", "rounds2-vs-dim") and threshold is None:
         raise ConfigError(f"--kind {kind} needs --threshold (the level {metric} must reach)")
@@ -268,76 +296,86 @@ def plot(
         rows = [r for r in rows if r["status"] in ("completed", "diverged")]
     if not rows:
         raise ConfigError("the table has no completed cell with metrics")
+    return rows
 
-    fig = new_figure()
-    ax = fig.add_subplot()
+
+def _draw_rounds(ax, rows: list[dict], metric: str, hue: str | None) -> None:
+    """``--kind rounds``: ``metric`` against round, a line per setting with a ±1 std band."""
+    from matplotlib.ticker import MaxNLocator
+
     seeds = len({r.get("seed") for r in rows})
     band = "±1 std over seeds" if seeds > 1 else "one seed"
-    if kind == "rounds":
-        for key, sel in _lines(rows, hue, None).items():
-            per_round: dict = {}
-            for r in sel:
-                per_round.setdefault(r["round"], []).append(r.get(metric))
-            rs = sorted(per_round)
-            stats = [mean_std(per_round[t]) for t in rs]
-            means = [m for m, _ in stats]
-            stds = [0.0 if math.isnan(s) else s for _, s in stats]
-            (line,) = ax.plot(rs, means, label=_label(key))
-            ax.fill_between(
-                rs,
-                [m - s for m, s in zip(means, stds, strict=True)],
-                [m + s for m, s in zip(means, stds, strict=True)],
-                color=line.get_color(),
-                alpha=0.2,
-                lw=0,
-            )
-        from matplotlib.ticker import MaxNLocator
+    for key, sel in _lines(rows, hue, None).items():
+        per_round: dict = {}
+        for r in sel:
+            per_round.setdefault(r["round"], []).append(r.get(metric))
+        rs = sorted(per_round)
+        stats = [mean_std(per_round[t]) for t in rs]
+        means = [m for m, _ in stats]
+        stds = [0.0 if math.isnan(s) else s for _, s in stats]
+        (line,) = ax.plot(rs, means, label=_label(key))
+        ax.fill_between(
+            rs,
+            [m - s for m, s in zip(means, stds, strict=True)],
+            [m + s for m, s in zip(means, stds, strict=True)],
+            color=line.get_color(),
+            alpha=0.2,
+            lw=0,
+        )
+    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+    ax.set_xlabel("communication round")
+    ax.set_ylabel(metric)
+    ax.set_title(f"{metric} against round ({band})", fontsize=10)
 
-        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_xlabel("communication round")
-        ax.set_ylabel(metric)
-        ax.set_title(f"{metric} against round ({band})", fontsize=10)
+
+def _draw_versus(ax, rows: list[dict], kind: str, metric: str, hue_x: tuple, threshold):
+    """``--kind versus``, ``rounds-to`` or ``rounds2-vs-dim``: the final metric, or the
+    rounds to reach ``threshold`` (squared for rounds2-vs-dim), against ``x``, mean ± std
+    over seeds, a line per setting."""
+    hue, x = hue_x
+    missing, all_y = [], []
+    for key, sel in _lines(rows, hue, x).items():
+        per_x = _values_per_x(sel, kind, metric, x, threshold, missing)
+        xs = sorted((v for v in per_x if v is not None), key=lambda v: _sort_key((v,)))
+        stats = [mean_std(per_x[v]) for v in xs]
+        all_y += [m for m, _ in stats]
+        ax.errorbar(
+            xs,
+            [m for m, _ in stats],
+            yerr=[0.0 if math.isnan(s) else s for _, s in stats],
+            fmt="o-",
+            capsize=3,
+            label=_label(key),
+        )
+        _log_x(ax, xs)
+    if _spans_decade(all_y):  # e.g. an NLL that blows up at large step sizes
+        ax.set_yscale("log")
+    ax.set_xlabel(x)
+    if kind == "versus":
+        what = f"final {metric}"
     else:
-        missing, all_y = [], []
-        for key, sel in _lines(rows, hue, x).items():
-            per_x: dict = {}
-            if kind == "versus":
-                for r in final_rows(sel):
-                    per_x.setdefault(r.get(x), []).append(r.get(metric))
-            else:
-                for cell in _by_cell(sel).values():
-                    n = rounds_to(cell, metric, threshold)
-                    if math.isnan(n):
-                        missing.append(cell[0].get("cell"))
-                    per_x.setdefault(cell[0].get(x), []).append(
-                        n**2 if kind == "rounds2-vs-dim" else n
-                    )
-            xs = sorted((v for v in per_x if v is not None), key=lambda v: _sort_key((v,)))
-            stats = [mean_std(per_x[v]) for v in xs]
-            all_y += [m for m, _ in stats]
-            ax.errorbar(
-                xs,
-                [m for m, _ in stats],
-                yerr=[0.0 if math.isnan(s) else s for _, s in stats],
-                fmt="o-",
-                capsize=3,
-                label=_label(key),
-            )
-            _log_x(ax, xs)
-        if _spans_decade(all_y):  # e.g. an NLL that blows up at large step sizes
-            ax.set_yscale("log")
-        ax.set_xlabel(x)
-        if kind == "versus":
-            what = f"final {metric}"
-        else:
-            what = f"rounds to {metric} = {threshold:g}"
-            what = f"({what})²" if kind == "rounds2-vs-dim" else what
-        ax.set_ylabel(what)
-        note = f"\n{len(missing)} cell(s) never reach it (left out)" if missing else ""
-        ax.set_title(f"{what} against {x} (mean ± std over seeds){note}", fontsize=9)
-    if len(ax.get_lines()) > 1 or hue:
-        ax.legend(fontsize=7)
-    return _save(fig, out_stem)
+        what = f"rounds to {metric} = {threshold:g}"
+        what = f"({what})²" if kind == "rounds2-vs-dim" else what
+    ax.set_ylabel(what)
+    note = f"\n{len(missing)} cell(s) never reach it (left out)" if missing else ""
+    ax.set_title(f"{what} against {x} (mean ± std over seeds){note}", fontsize=9)
+
+
+def _values_per_x(sel: list[dict], kind: str, metric: str, x: str, threshold, missing: list):
+    """One line's values by ``x``: the final metric of each cell (``versus``) or its rounds
+    to reach ``threshold`` (squared for rounds2-vs-dim); cells that never reach it are
+    appended to ``missing``."""
+    per_x: dict = {}
+    if kind == "versus":
+        for r in final_rows(sel):
+            per_x.setdefault(r.get(x), []).append(r.get(metric))
+        return per_x
+    for cell in _by_cell(sel).values():
+        n = rounds_to(cell, metric, threshold)
+        if math.isnan(n):
+            missing.append(cell[0].get("cell"))
+        per_x.setdefault(cell[0].get(x), []).append(n**2 if kind == "rounds2-vs-dim" else n)
+    return per_x
 
 
 def plot_metrics(rows: list[dict], out_stem, *, hue: str | None = None) -> list[Path]:
