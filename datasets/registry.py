@@ -156,6 +156,19 @@ def load_dataset(
     DataError
         Missing or corrupt files (the message says where it looked or which file is bad).
     """
+    key, scaling = _checked_options(name, scaling, seed, dim, num_examples)
+    if key in ("digits", "breast-cancer"):
+        parts = _tabular_parts(key, seed, scaling, test_fraction)
+    elif key == "blr-synthetic":
+        parts = _blr_parts(seed, scaling, test_fraction, dim, num_examples)
+    else:
+        parts = _image_parts(key, scaling, data_dir, download)
+    return DatasetSplit(name=key, **parts)
+
+
+def _checked_options(name: str, scaling, seed, dim, num_examples) -> tuple[str, str]:
+    """``load_dataset``'s dataset key (lower case, ``-`` for ``_``) and scaling (its default
+    filled in), after checking the name, the scaling, the seed and the blr-only options."""
     key = str(name).strip().lower().replace("_", "-")
     if key not in DATASETS:
         raise ConfigError(f"unknown dataset {name!r}; choose one of {', '.join(DATASETS)}")
@@ -166,52 +179,71 @@ def load_dataset(
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
     if key != "blr-synthetic" and (dim is not None or num_examples is not None):
         raise ConfigError(f"dim and num_examples apply only to blr-synthetic, not to {key}")
+    return key, scaling
 
-    if key in ("digits", "breast-cancer"):
-        tab = load_tabular(key, seed=seed, test_fraction=test_fraction)
-        Xtr, Xte, how = scale_features(tab.X_train, tab.X_test, scaling, pixel_max=PIXEL_MAX[key])
-        pct = round(100 * test_fraction)
-        source = f"scikit-learn {key}, stratified {100 - pct}/{pct} train/test split (seed {seed})"
-        y_train, y_test, num_classes = tab.y_train, tab.y_test, tab.num_classes
-        image_shape = (1, 8, 8) if key == "digits" else None  # sklearn's rows are 8x8 row-major
-    elif key == "blr-synthetic":
-        if not 0.0 < test_fraction < 1.0:
-            raise ConfigError(
-                f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}"
-            )
-        d = check_positive_int("dim", 1000 if dim is None else dim)
-        n = check_positive_int("num_examples", 1000 if num_examples is None else num_examples)
-        n_test = max(1, round(n * test_fraction / (1.0 - test_fraction)))
-        sim = make_blr_synthetic(dim=d, num_examples=n, num_test=n_test, seed=seed)
-        Xtr, Xte, how = scale_features(sim.X_train, sim.X_test, scaling)
-        source = (
-            f"simulated Bayesian logistic regression, d={d}, {n} train / {n_test} test "
-            f"(seed {seed}): theta* ~ N(0, I), x ~ N(0, I/d), y ~ Bernoulli(sigmoid(x.theta*))"
-        )
-        y_train, y_test, num_classes = sim.y_train, sim.y_test, 2
-        image_shape = None
-    else:
-        if key == "cifar2":
-            raw = load_cifar2(data_dir=data_dir, download=download)
-            title, num_classes = "CIFAR-10 airplane/automobile (CIFAR-2)", 2
-            image_shape = (3, 32, 32)  # load_cifar2 flattens channel-major (C, H, W)
-        else:
-            raw = load_idx_images(key, data_dir=data_dir, download=download)
-            title, num_classes = _TITLES[key], 10
-            image_shape = (1, 28, 28)
-        Xtr, Xte, how = scale_features(raw.X_train, raw.X_test, scaling, pixel_max=255.0)
-        source = (
-            f"{title} from {raw.source}, official {len(raw.X_train)}/{len(raw.X_test)} "
-            "train/test split"
-        )
-        y_train, y_test = raw.y_train, raw.y_test
-    return DatasetSplit(
-        name=key,
-        X_train=Xtr,
-        y_train=_labels(y_train),
-        X_test=Xte,
-        y_test=_labels(y_test),
-        num_classes=num_classes,
-        description=f"{source}; {how}",
-        image_shape=image_shape,
+
+def _tabular_parts(key: str, seed: int, scaling: str, test_fraction: float) -> dict:
+    """digits or breast-cancer: a stratified split of scikit-learn's table (DatasetSplit's
+    fields but the name)."""
+    tab = load_tabular(key, seed=seed, test_fraction=test_fraction)
+    Xtr, Xte, how = scale_features(tab.X_train, tab.X_test, scaling, pixel_max=PIXEL_MAX[key])
+    pct = round(100 * test_fraction)
+    source = f"scikit-learn {key}, stratified {100 - pct}/{pct} train/test split (seed {seed})"
+    return _split_parts(
+        Xtr,
+        Xte,
+        (tab.y_train, tab.y_test, tab.num_classes),
+        f"{source}; {how}",
+        (1, 8, 8) if key == "digits" else None,  # sklearn's rows are 8x8 row-major
     )
+
+
+def _blr_parts(seed: int, scaling: str, test_fraction: float, dim, num_examples) -> dict:
+    """blr-synthetic: the simulated Bayesian logistic regression (DatasetSplit's fields but
+    the name)."""
+    if not 0.0 < test_fraction < 1.0:
+        raise ConfigError(f"test_fraction must be between 0 and 1 (exclusive), got {test_fraction}")
+    d = check_positive_int("dim", 1000 if dim is None else dim)
+    n = check_positive_int("num_examples", 1000 if num_examples is None else num_examples)
+    n_test = max(1, round(n * test_fraction / (1.0 - test_fraction)))
+    sim = make_blr_synthetic(dim=d, num_examples=n, num_test=n_test, seed=seed)
+    Xtr, Xte, how = scale_features(sim.X_train, sim.X_test, scaling)
+    source = (
+        f"simulated Bayesian logistic regression, d={d}, {n} train / {n_test} test "
+        f"(seed {seed}): theta* ~ N(0, I), x ~ N(0, I/d), y ~ Bernoulli(sigmoid(x.theta*))"
+    )
+    return _split_parts(Xtr, Xte, (sim.y_train, sim.y_test, 2), f"{source}; {how}", None)
+
+
+def _image_parts(key: str, scaling: str, data_dir, download: bool) -> dict:
+    """An image dataset's official split from its files (DatasetSplit's fields but the
+    name)."""
+    if key == "cifar2":
+        raw = load_cifar2(data_dir=data_dir, download=download)
+        title, num_classes = "CIFAR-10 airplane/automobile (CIFAR-2)", 2
+        image_shape = (3, 32, 32)  # load_cifar2 flattens channel-major (C, H, W)
+    else:
+        raw = load_idx_images(key, data_dir=data_dir, download=download)
+        title, num_classes = _TITLES[key], 10
+        image_shape = (1, 28, 28)
+    Xtr, Xte, how = scale_features(raw.X_train, raw.X_test, scaling, pixel_max=255.0)
+    source = (
+        f"{title} from {raw.source}, official {len(raw.X_train)}/{len(raw.X_test)} train/test split"
+    )
+    labels = (raw.y_train, raw.y_test, num_classes)
+    return _split_parts(Xtr, Xte, labels, f"{source}; {how}", image_shape)
+
+
+def _split_parts(Xtr, Xte, labels: tuple, description: str, image_shape) -> dict:
+    """DatasetSplit's fields but the name; ``labels`` = (train labels, test labels, class
+    count)."""
+    y_train, y_test, num_classes = labels
+    return {
+        "X_train": Xtr,
+        "y_train": _labels(y_train),
+        "X_test": Xte,
+        "y_test": _labels(y_test),
+        "num_classes": num_classes,
+        "description": description,
+        "image_shape": image_shape,
+    }
