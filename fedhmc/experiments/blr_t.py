@@ -131,8 +131,6 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     iterations or 5 rounds; full: the paper's d = 1000, T ∈ {1, 10, 20, …, 100}, 5,000
     iterations or 100 rounds (days on 2 cores).
     """
-    from fedhmc.runtime.problem import build_problem
-
     budget = "quick" if quick else "full" if full else "reduced"
     dim, Ts, chains, iters, min_rounds = {
         "quick": (10, (1, 10), 4, 20, 2),
@@ -148,26 +146,7 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     reference, ref_info = blr_reference(
         base, chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
     )
-    problem = build_problem(base)
-    target = problem.target
-    curves: dict[int, list[tuple[int, float]]] = {}
-    walls: dict[int, float] = {}
-    from fedhmc.core.progress import bar_or_null
-
-    bar = bar_or_null(len(Ts), "T values", "T")
-    for T in Ts:
-        rounds = max(min_rounds, math.ceil(iters / T))
-        settings = blr_protocol_settings("algorithm3", eta, K, T, noise)
-        theta0 = torch.zeros(chains, problem.dim, dtype=torch.float32)
-        t0 = time.perf_counter()
-        samples = algorithm3_blr_samples(target, settings, theta0, seed, rounds)
-        r = first_nonfinite(samples)
-        if r is not None:
-            raise ConfigError(f"blr-T diverged at T = {T}, round {r}; lower the step size")
-        curves[T] = online_me(samples, reference)
-        walls[T] = time.perf_counter() - t0
-        bar.update(1)
-    bar.close()
+    curves, walls = _blr_t_curves(base, reference, Ts, (iters, min_rounds), (K, eta, noise))
     epsilons, rows = blr_t_table(curves, walls)
     curve_rows = [{"T": T, "round": r, "me": v} for T in Ts for r, v in curves[T]]
     summary = {
@@ -183,6 +162,35 @@ def blr_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = Fal
     _write(out_dir, "blr_T_curves", curve_rows, {"experiment": "blr-T", "curves": "me per round"})
     _plot_blr_t(out_dir / "blr_T.png", summary, curves)
     return summary
+
+
+def _blr_t_curves(base: RunConfig, reference, Ts, budget: tuple, kev: tuple):
+    """``blr-T``'s online ME curves (T → (round, ME) pairs) and wall times (T → seconds):
+    Algorithm 3 from θ̄ = 0 for each T, ``budget`` = (iterations, minimum rounds) and
+    ``kev`` = (K, η, gradient noise)."""
+    from fedhmc.core.progress import bar_or_null
+    from fedhmc.runtime.problem import build_problem
+
+    (iters, min_rounds), (K, eta, noise) = budget, kev
+    problem = build_problem(base)
+    target = problem.target
+    curves: dict[int, list[tuple[int, float]]] = {}
+    walls: dict[int, float] = {}
+    bar = bar_or_null(len(Ts), "T values", "T")
+    for T in Ts:
+        rounds = max(min_rounds, math.ceil(iters / T))
+        settings = blr_protocol_settings("algorithm3", eta, K, T, noise)
+        theta0 = torch.zeros(base.chains, problem.dim, dtype=torch.float32)
+        t0 = time.perf_counter()
+        samples = algorithm3_blr_samples(target, settings, theta0, base.seed, rounds)
+        r = first_nonfinite(samples)
+        if r is not None:
+            raise ConfigError(f"blr-T diverged at T = {T}, round {r}; lower the step size")
+        curves[T] = online_me(samples, reference)
+        walls[T] = time.perf_counter() - t0
+        bar.update(1)
+    bar.close()
+    return curves, walls
 
 
 def _plot_blr_t(path: Path, summary: dict, curves: dict) -> None:
@@ -309,93 +317,19 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         base, chains=rc, warmup=rw, samples=rs, cache=cache_dir() / "reference"
     )
     target = build_problem(base).target
-    theta0 = torch.zeros(chains, target.dim)
-    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
-    walls: dict[tuple[str, int], float] = {}
-    from fedhmc.core.progress import bar_or_null
-
     out_dir = Path(out_dir)
     (out_dir / "cells").mkdir(parents=True, exist_ok=True)
-    key = {
-        "dim": dim,
-        "K": K,
-        "eta": eta,
-        "noise": noise,
-        "chains": chains,
-        "iters": iters,
-        "seed": seed,
-        "reference": [rc, rw, rs],
-        "version": 1,
-    }
-    bar = bar_or_null(2 * len(Ts), "T values", "T")
-    for protocol in PROTOCOL_ORDER:
-        for T in Ts:
-            # One finished (protocol, T) is kept in cells/, so a stopped run resumes there.
-            cell = out_dir / "cells" / f"{protocol}_T={T}.json"
-            try:
-                done = json.loads(cell.read_text())
-            except (OSError, ValueError):
-                done = None
-            if done is not None and done.get("key") == key:
-                curves[(protocol, T)] = [tuple(x) for x in done["curve"]]
-                walls[(protocol, T)] = done["wall_s"]
-                bar.update(1)
-                continue
-            t0 = time.perf_counter()
-            s = blr_protocol_settings(protocol, eta, K, T, noise)
-            if protocol == "authors":
-                samples = authors_blr_samples(target, s, theta0, seed, iters)
-            else:
-                rounds = max(5, math.ceil(iters / T))
-                samples = algorithm3_blr_samples(target, s, theta0, seed, rounds)
-            if first_nonfinite(samples) is not None:
-                raise ConfigError(f"paper-blr-T diverged ({protocol}, T = {T})")
-            curve = online_me(samples, reference)
-            curves[(protocol, T)] = curve
-            walls[(protocol, T)] = time.perf_counter() - t0
-            record = {"key": key, "curve": curve, "wall_s": walls[(protocol, T)]}
-            write_text_atomic(cell, json.dumps(record))
-            bar.update(1)
-    bar.close()
-    rows = []
+    key = {"dim": dim, "K": K, "eta": eta, "noise": noise, "chains": chains, "iters": iters,
+           "seed": seed, "reference": [rc, rw, rs], "version": 1}  # fmt: skip
+    theta0 = torch.zeros(chains, target.dim)
+    run = _BlrRun(target, theta0, reference, seed, K, eta, noise, iters, out_dir / "cells", key)
+    curves, walls = _paper_blr_curves(run, Ts)
     # Thresholds shared by both protocols: multiples of the lowest ME any run reached.
     factors = (1.25, 1.5, 2.0, 3.0)
     shared = thresholds(curves, factors)
-    eps_by = {}
-    for protocol in PROTOCOL_ORDER:
-        eps_by[protocol] = shared
-        for T in Ts:
-            c = curves[(protocol, T)]
-            row = {
-                "protocol": protocol,
-                "T": T,
-                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
-                "samples_per_chain": c[-1][0],
-                "me_final": c[-1][1],
-                "me_min": min(v for _, v in c),
-            }
-            for i, eps in enumerate(eps_by[protocol]):
-                r = rounds_to_reach(c, eps)
-                if protocol == "authors":
-                    row[f"outer_eps{i}"] = r
-                    row[f"allreduce_eps{i}"] = None if r is None else r * K
-                    row[f"rounds_eps{i}"] = None
-                else:
-                    row[f"outer_eps{i}"] = row[f"allreduce_eps{i}"] = None
-                    row[f"rounds_eps{i}"] = r
-            row["wall_s"] = walls[(protocol, T)]
-            rows.append(row)
-    parity_Ts = (1, 2) if quick else (1, 2, 3, 4, 5, 6, 7, 10)
-    parity_file = out_dir / "cells" / "parity.json"
-    parity_key = {"Ts": list(parity_Ts), "quick": quick, "seed": seed, "version": 1}
-    try:
-        parity = json.loads(parity_file.read_text())
-    except (OSError, ValueError):
-        parity = None
-    if parity is None or parity.get("key") != parity_key:
-        parity = blr_parity(base.replace(dim=10), Ts=parity_Ts, quick=quick)
-        parity["key"] = parity_key
-        write_text_atomic(parity_file, json.dumps(parity, indent=1))
+    eps_by = {protocol: shared for protocol in PROTOCOL_ORDER}
+    rows = _paper_blr_rows(curves, walls, Ts, K, shared)
+    parity = _paper_blr_parity(out_dir, base, quick, seed)
     summary = {
         "experiment": "paper-blr-T",
         **_settings_record(budget, dim, K, eta, noise, chains),
@@ -407,7 +341,119 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
         "rows": rows,
         "parity": parity,
     }
-    write_csv(out_dir / "paper_blr_T.csv", rows)
+    _write_paper_blr(out_dir, summary, curves, Ts)
+    return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class _BlrRun:
+    """What every (protocol, T) cell of ``paper-blr-T`` shares: the target, the chains'
+    start, the reference draws, the seed, K, η, the gradient noise, the budget in
+    iterations, the folder of finished cells and the key a finished cell must match."""
+
+    target: object
+    theta0: torch.Tensor
+    reference: torch.Tensor
+    seed: int
+    K: int
+    eta: float
+    noise: float
+    iters: int
+    cells: Path
+    key: dict
+
+
+def _paper_blr_curves(run: _BlrRun, Ts) -> tuple[dict, dict]:
+    """The online ME curves ((protocol, T) → (round, ME) pairs) and wall times ((protocol,
+    T) → seconds) of every cell, in PROTOCOL_ORDER then T's order."""
+    from fedhmc.core.progress import bar_or_null
+
+    curves: dict[tuple[str, int], list[tuple[int, float]]] = {}
+    walls: dict[tuple[str, int], float] = {}
+    bar = bar_or_null(2 * len(Ts), "T values", "T")
+    for protocol in PROTOCOL_ORDER:
+        for T in Ts:
+            curves[(protocol, T)], walls[(protocol, T)] = _paper_blr_cell(run, protocol, T)
+            bar.update(1)
+    bar.close()
+    return curves, walls
+
+
+def _paper_blr_cell(run: _BlrRun, protocol: str, T: int) -> tuple[list, float]:
+    """One (protocol, T) cell's online ME curve and wall time. A finished cell is kept in
+    cells/, so a stopped run resumes there."""
+    cell = run.cells / f"{protocol}_T={T}.json"
+    try:
+        done = json.loads(cell.read_text())
+    except (OSError, ValueError):
+        done = None
+    if done is not None and done.get("key") == run.key:
+        return [tuple(x) for x in done["curve"]], done["wall_s"]
+    t0 = time.perf_counter()
+    s = blr_protocol_settings(protocol, run.eta, run.K, T, run.noise)
+    if protocol == "authors":
+        samples = authors_blr_samples(run.target, s, run.theta0, run.seed, run.iters)
+    else:
+        rounds = max(5, math.ceil(run.iters / T))
+        samples = algorithm3_blr_samples(run.target, s, run.theta0, run.seed, rounds)
+    if first_nonfinite(samples) is not None:
+        raise ConfigError(f"paper-blr-T diverged ({protocol}, T = {T})")
+    curve = online_me(samples, run.reference)
+    wall = time.perf_counter() - t0
+    record = {"key": run.key, "curve": curve, "wall_s": wall}
+    write_text_atomic(cell, json.dumps(record))
+    return curve, wall
+
+
+def _paper_blr_rows(curves: dict, walls: dict, Ts, K: int, epsilons: list) -> list[dict]:
+    """``paper-blr-T``'s table: one row per (protocol, T), with the rounds to reach each of
+    ``epsilons`` counted as the protocol counts them."""
+    rows = []
+    for protocol in PROTOCOL_ORDER:
+        for T in Ts:
+            c = curves[(protocol, T)]
+            row = {
+                "protocol": protocol,
+                "T": T,
+                "T_unit": "leapfrog steps" if protocol == "authors" else "iterations",
+                "samples_per_chain": c[-1][0],
+                "me_final": c[-1][1],
+                "me_min": min(v for _, v in c),
+            }
+            for i, eps in enumerate(epsilons):
+                r = rounds_to_reach(c, eps)
+                if protocol == "authors":
+                    row[f"outer_eps{i}"] = r
+                    row[f"allreduce_eps{i}"] = None if r is None else r * K
+                    row[f"rounds_eps{i}"] = None
+                else:
+                    row[f"outer_eps{i}"] = row[f"allreduce_eps{i}"] = None
+                    row[f"rounds_eps{i}"] = r
+            row["wall_s"] = walls[(protocol, T)]
+            rows.append(row)
+    return rows
+
+
+def _paper_blr_parity(out_dir: Path, base: RunConfig, quick: bool, seed: int) -> dict:
+    """The odd/even-T bias check (blr_parity at d = 10), kept in cells/parity.json."""
+    parity_Ts = (1, 2) if quick else (1, 2, 3, 4, 5, 6, 7, 10)
+    parity_file = out_dir / "cells" / "parity.json"
+    parity_key = {"Ts": list(parity_Ts), "quick": quick, "seed": seed, "version": 1}
+    try:
+        parity = json.loads(parity_file.read_text())
+    except (OSError, ValueError):
+        parity = None
+    if parity is None or parity.get("key") != parity_key:
+        parity = blr_parity(base.replace(dim=10), Ts=parity_Ts, quick=quick)
+        parity["key"] = parity_key
+        write_text_atomic(parity_file, json.dumps(parity, indent=1))
+    return parity
+
+
+def _write_paper_blr(out_dir: Path, summary: dict, curves: dict, Ts) -> None:
+    """``paper-blr-T``'s files: the table, the curves, the parity table, the summary and
+    the figure."""
+    write_csv(out_dir / "paper_blr_T.csv", summary["rows"])
     write_csv(
         out_dir / "paper_blr_T_curves.csv",
         [
@@ -416,10 +462,9 @@ def paper_blr_t(out_dir: Path, *, quick: bool = False, full: bool = False, seed:
             for n, v in c
         ],
     )
-    write_csv(out_dir / "paper_blr_T_parity.csv", parity["rows"])
+    write_csv(out_dir / "paper_blr_T_parity.csv", summary["parity"]["rows"])
     write_text_atomic(out_dir / "paper_blr_T.json", json.dumps(summary, indent=2) + "\n")
     _plot_blr(out_dir / "paper_blr_T.png", summary, curves, Ts)
-    return summary
 
 
 def blr_parity(cfg: RunConfig, Ts, quick: bool = False) -> dict:
