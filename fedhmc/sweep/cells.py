@@ -10,9 +10,12 @@ stopped and loses at most the cells in flight.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import json
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted, loads_json
@@ -166,6 +169,23 @@ def die_with_parent() -> None:
         pass
 
 
+@dataclasses.dataclass(frozen=True)
+class CellHooks:
+    """What run_cells tells its caller as cells run.
+
+    log
+        Where a one-line message for each cell that did not complete goes (through the
+        bar when there is one); None: no message.
+    on_start, on_done
+        Called with the cell id when a cell starts (is queued, with workers), and with the
+        cell id and its result when it ends.
+    """
+
+    log: Callable[[str], object] | None = None
+    on_start: Callable[[str], object] | None = None
+    on_done: Callable[[str, dict], object] | None = None
+
+
 def run_cells(
     out: str | os.PathLike,
     cells: list[tuple[str, dict]],
@@ -174,9 +194,7 @@ def run_cells(
     threads: int | str | None = None,
     desc: str = "cells",
     progress: bool = True,
-    log=None,
-    on_start=None,
-    on_done=None,
+    hooks: CellHooks = CellHooks(),
 ) -> dict[str, dict]:
     """Run each cell ((cell id, settings) pairs) into ``out/cells/<cell id>/``.
 
@@ -193,12 +211,8 @@ def run_cells(
         pool was started with).
     desc
         The progress bar's label (a bar over the cells, on a terminal, when ``progress``).
-    log
-        Where a one-line message for each cell that did not complete goes (through the
-        bar when there is one); None: no message.
-    on_start, on_done
-        Called with the cell id when a cell starts (is queued, with workers), and with the
-        cell id and its result when it ends.
+    hooks
+        The log and the callbacks at each cell's start and end (CellHooks).
 
     Returns
     -------
@@ -214,31 +228,34 @@ def run_cells(
         from fedhmc.core.progress import bar as progress_bar
 
         bar = progress_bar(len(cells), desc, "cell")
-
-    def finish(cid: str, res: dict) -> None:
-        results[cid] = res
-        if on_done is not None:
-            on_done(cid, res)
-        if log is not None and res["status"] != "completed":
-            msg = f"cell {cid} {res['status']}: {res.get('error', '')}"
-            (bar.write if bar is not None else log)(msg)
-        if bar is not None:
-            bar.update(1)
-
+    finish = functools.partial(_finish_cell, results, hooks, bar)
     try:
         if workers <= 1:
             for cid, settings in cells:
-                if on_start is not None:
-                    on_start(cid)
+                if hooks.on_start is not None:
+                    hooks.on_start(cid)
                 res = run_cell(settings, str(out / "cells" / cid), threads)
                 finish(cid, res)
                 stop_if_interrupted(cid, res)
         else:
-            _run_parallel(out, cells, workers, threads, on_start, finish)
+            _run_parallel(out, cells, workers, threads, hooks.on_start, finish)
     finally:
         if bar is not None:
             bar.close()
     return results
+
+
+def _finish_cell(results: dict, hooks: CellHooks, bar, cid: str, res: dict) -> None:
+    """A cell ended: keep its result, call on_done, log it if it did not complete, and
+    move the bar."""
+    results[cid] = res
+    if hooks.on_done is not None:
+        hooks.on_done(cid, res)
+    if hooks.log is not None and res["status"] != "completed":
+        msg = f"cell {cid} {res['status']}: {res.get('error', '')}"
+        (bar.write if bar is not None else hooks.log)(msg)
+    if bar is not None:
+        bar.update(1)
 
 
 def _run_parallel(out: Path, cells, workers: int, threads, on_start, finish) -> None:
@@ -335,20 +352,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
     if workers < 1:
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
     out = Path(out)
-    cells = []
-    for cell in expand_grid(grid):
-        settings = {**base, **cell}
-        try:
-            cfg = RunConfig.from_mapping(settings)
-            cid = cell_id(settings, cell)
-            cfg.resolve()
-        except ConfigError as e:
-            desc = " ".join(f"{k}={v}" for k, v in cell.items())
-            raise ConfigError(f"cell {desc}: {e}") from None
-        cells.append({"id": cid, "cell": cell, "settings": settings, "cfg": cfg})
-    ids = [c["id"] for c in cells]
-    if len(set(ids)) != len(ids):
-        raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
+    cells = _sweep_cells(grid, base)
     try:
         mark_folder(out)  # the folder is fedhmc's from its first file on
         (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -372,24 +376,48 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
             by_id[c["id"]]["status"] = "completed"
         else:
             todo.append(c)
-    skipped = len(cells) - len(todo)
     flower = any(c["cfg"].backend == "flower" for c in cells)
-    cores = os.cpu_count() or 1
     workers = 1 if flower else min(workers, max(1, len(todo)))
     if workers > 1:
-        threads = max(1, cores // workers)
+        threads = max(1, (os.cpu_count() or 1) // workers)
     record["workers_used"] = workers
     _write_json(out / "sweep.json", record)
+    head = f"fedhmc sweep: {len(cells)} cells, skipped {len(cells) - len(todo)} completed cells; "
     if flower:
-        log(
-            f"fedhmc sweep: {len(cells)} cells, skipped {skipped} completed cells; "
-            "backend flower: cells run one at a time"
-        )
+        log(head + "backend flower: cells run one at a time")
     else:
-        log(
-            f"fedhmc sweep: {len(cells)} cells, skipped {skipped} completed cells; "
-            f"running {len(todo)} on {workers} worker(s) × {threads} torch thread(s)"
-        )
+        log(head + f"running {len(todo)} on {workers} worker(s) × {threads} torch thread(s)")
+    _run_recorded(out, record, todo, (workers, threads, progress), log)
+    rows = build_table(out)
+    write_table(out, rows)
+    return rows
+
+
+def _sweep_cells(grid: dict, base: dict) -> list[dict]:
+    """The sweep's cells (id, grid values, settings, resolved config), checked: each one's
+    settings resolve, and no two are the same cell."""
+    cells = []
+    for cell in expand_grid(grid):
+        settings = {**base, **cell}
+        try:
+            cfg = RunConfig.from_mapping(settings)
+            cid = cell_id(settings, cell)
+            cfg.resolve()
+        except ConfigError as e:
+            desc = " ".join(f"{k}={v}" for k, v in cell.items())
+            raise ConfigError(f"cell {desc}: {e}") from None
+        cells.append({"id": cid, "cell": cell, "settings": settings, "cfg": cfg})
+    ids = [c["id"] for c in cells]
+    if len(set(ids)) != len(ids):
+        raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
+    return cells
+
+
+def _run_recorded(out: Path, record: dict, todo: list[dict], how: tuple, log) -> None:
+    """Run the ``todo`` cells (``how`` = (workers, threads, progress)), keeping each one's
+    status in ``record`` and sweep.json (interrupted ones marked so), and the finish time."""
+    workers, threads, progress = how
+    by_id = {c["id"]: c for c in record["cells"]}
 
     def started(cid: str) -> None:
         by_id[cid]["status"] = "running"
@@ -405,9 +433,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
             workers=workers,
             threads=threads,
             progress=progress,
-            log=log,
-            on_start=started,
-            on_done=finish,
+            hooks=CellHooks(log=log, on_start=started, on_done=finish),
         )
     except KeyboardInterrupt:
         for c in record["cells"]:
@@ -417,6 +443,3 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
         raise
     record["finished"] = time.strftime("%Y-%m-%dT%H:%M:%S")
     _write_json(out / "sweep.json", record)
-    rows = build_table(out)
-    write_table(out, rows)
-    return rows
