@@ -101,52 +101,18 @@ def mhmc(
         raise ConfigError("mhmc needs num_samples ≥ 1, num_warmup ≥ 0, K ≥ 1 and thin ≥ 1")
     if not 0.0 < target_accept < 1.0 or not step_size > 0:
         raise ConfigError("mhmc needs 0 < target_accept < 1 and step_size > 0")
-    theta = theta0.clone()
-    S, D = theta.shape
-    dtype, device = theta.dtype, theta.device
-    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=device))
-    k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
-    k_jit = rng.derive(keys, STREAM_MHMC_JITTER)
-    U, g = energy_grad(theta)
-    # Dual averaging state (Hoffman & Gelman 2014, Algorithm 5: γ = 0.05, t0 = 10, κ = 0.75).
-    log_eps = torch.full((S,), math.log(step_size), dtype=torch.float64, device=device)
-    mu = log_eps + math.log(10.0)
-    h_bar = torch.zeros(S, dtype=torch.float64, device=device)
-    log_eps_bar = torch.zeros(S, dtype=torch.float64, device=device)
-    samples = torch.empty(num_samples, S, D, dtype=dtype, device=device)
-    acc_sum = torch.zeros(S, dtype=torch.float64, device=device)
-    divergences, kept = 0, 0
-    total = num_warmup + num_samples * thin
-    for it in range(total):
-        warm = it < num_warmup
-        if warm:
-            eps = log_eps.exp()
-        else:
-            jitter = 0.9 + 0.2 * rng.uniform(k_jit, it, 1)[:, 0]
-            eps = log_eps_bar.exp() * jitter
-        e = eps.to(dtype).view(S, 1)
-        theta, U, g, accept_prob, dH = _transition(
-            energy_grad, theta, U, g, e, k_mom, k_acc, it, leapfrog_steps
-        )
-        divergences += int((dH > 1000).sum()) if not warm else 0
-        if warm:
-            m = it + 1
-            eta = 1.0 / (m + 10.0)
-            h_bar = (1 - eta) * h_bar + eta * (target_accept - accept_prob)
-            log_eps = mu - math.sqrt(m) / 0.05 * h_bar
-            w = m ** (-0.75)
-            log_eps_bar = w * log_eps + (1 - w) * log_eps_bar
-        else:
-            acc_sum += accept_prob
-            j = it - num_warmup
-            if (j + 1) % thin == 0:
-                samples[kept] = theta
-                kept += 1
-    if num_warmup == 0:
-        log_eps_bar = log_eps
+    samples, adapt, acc_sum, divergences = _mhmc_chains(
+        energy_grad,
+        theta0,
+        seed,
+        (num_samples, num_warmup, thin),
+        leapfrog_steps,
+        step_size,
+        target_accept,
+    )
     n_prop = num_samples * thin
     info = {
-        "step_size": log_eps_bar.exp(),
+        "step_size": (adapt.log_eps if num_warmup == 0 else adapt.log_eps_bar).exp(),
         "accept_rate": float(acc_sum.mean() / n_prop),
         "accept_rate_per_chain": acc_sum / n_prop,
         "divergences": divergences,
@@ -156,10 +122,73 @@ def mhmc(
     return samples, info
 
 
-def _transition(energy_grad, theta, U, g, e, k_mom, k_acc, it: int, leapfrog_steps: int):
-    """One Metropolis-adjusted HMC proposal of every chain at step sizes ``e`` (S, 1):
-    returns (θ, U, ∇U, acceptance probability, energy error ΔH), θ, U, ∇U after the
-    accept/reject. The momentum and the uniform come from ``k_mom``, ``k_acc`` at ``it``."""
+def _mhmc_chains(energy_grad, theta0, seed: int, counts: tuple, K: int, step_size, target_accept):
+    """mhmc's proposals: ``counts`` = (num_samples, num_warmup, thin). Returns the samples
+    (num_samples, S, D), the step-size adaptation (_DualAveraging), the summed acceptance
+    probabilities of the sampling proposals (S,) and their divergences."""
+    num_samples, num_warmup, thin = counts
+    theta = theta0.clone()
+    S, D = theta.shape
+    dtype, device = theta.dtype, theta.device
+    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=device))
+    k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
+    k_jit = rng.derive(keys, STREAM_MHMC_JITTER)
+    U, g = energy_grad(theta)
+    adapt = _DualAveraging(S, step_size, device)
+    samples = torch.empty(num_samples, S, D, dtype=dtype, device=device)
+    acc_sum = torch.zeros(S, dtype=torch.float64, device=device)
+    divergences, kept = 0, 0
+    for it in range(num_warmup + num_samples * thin):
+        warm = it < num_warmup
+        if warm:
+            eps = adapt.log_eps.exp()
+        else:
+            jitter = 0.9 + 0.2 * rng.uniform(k_jit, it, 1)[:, 0]
+            eps = adapt.log_eps_bar.exp() * jitter
+        e = eps.to(dtype).view(S, 1)
+        theta, U, g, accept_prob, dH = _transition(
+            energy_grad, (theta, U, g), e, (k_mom, k_acc), it, K
+        )
+        divergences += int((dH > 1000).sum()) if not warm else 0
+        if warm:
+            adapt.update(it, accept_prob, target_accept)
+        else:
+            acc_sum += accept_prob
+            if (it - num_warmup + 1) % thin == 0:
+                samples[kept] = theta
+                kept += 1
+    return samples, adapt, acc_sum, divergences
+
+
+class _DualAveraging:
+    """Per-chain dual averaging of the log step size during warm-up (Hoffman & Gelman 2014,
+    Algorithm 5: γ = 0.05, t0 = 10, κ = 0.75): ``log_eps`` is the step size of the next
+    warm-up proposal, ``log_eps_bar`` the averaged one that sampling uses."""
+
+    def __init__(self, S: int, step_size: float, device) -> None:
+        self.log_eps = torch.full((S,), math.log(step_size), dtype=torch.float64, device=device)
+        self.mu = self.log_eps + math.log(10.0)
+        self.h_bar = torch.zeros(S, dtype=torch.float64, device=device)
+        self.log_eps_bar = torch.zeros(S, dtype=torch.float64, device=device)
+
+    def update(self, it: int, accept_prob: torch.Tensor, target_accept: float) -> None:
+        """After warm-up proposal ``it`` (0-based) with acceptance probabilities
+        ``accept_prob`` (S,)."""
+        m = it + 1
+        eta = 1.0 / (m + 10.0)
+        self.h_bar = (1 - eta) * self.h_bar + eta * (target_accept - accept_prob)
+        self.log_eps = self.mu - math.sqrt(m) / 0.05 * self.h_bar
+        w = m ** (-0.75)
+        self.log_eps_bar = w * self.log_eps + (1 - w) * self.log_eps_bar
+
+
+def _transition(energy_grad, current: tuple, e, keys: tuple, it: int, leapfrog_steps: int):
+    """One Metropolis-adjusted HMC proposal of every chain from ``current`` = (θ, U, ∇U) at
+    step sizes ``e`` (S, 1): returns (θ, U, ∇U, acceptance probability, energy error ΔH),
+    θ, U, ∇U after the accept/reject. The momentum and the uniform come from ``keys`` =
+    (momentum keys, accept keys) at ``it``."""
+    theta, U, g = current
+    k_mom, k_acc = keys
     S, D = theta.shape
     p = rng.normal(k_mom, it, D, theta.dtype)
     H0 = U + 0.5 * p.square().sum(-1)
@@ -264,15 +293,7 @@ def step(seed: int, state: State, target, settings: Settings) -> tuple[State, In
     )
     e = e.expand(S).reshape(S, 1)
     theta, U, g, accept_prob, dH = _transition(
-        energy_grad,
-        state.position,
-        U,
-        g,
-        e,
-        k_mom,
-        k_acc,
-        state.round,
-        settings.leapfrog_steps,
+        energy_grad, (state.position, U, g), e, (k_mom, k_acc), state.round, settings.leapfrog_steps
     )
     info = Info(
         accept_prob,
