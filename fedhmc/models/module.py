@@ -12,13 +12,22 @@ gradient. What does not change between calls is found once, when the model is bu
 each parameter lives in the module (``functional_call``'s lookups, tied weights included)
 and θ's layout; a call only splits θ into views, swaps them in, runs one batching level of
 ``vmap`` and swaps the parameters back. The numbers are ``functional_call``'s and
-``torch.func.vmap``'s bit for bit (tested); only their per-call Python work is gone.
+``torch.func.vmap``'s bit for bit (tested); only their per-call Python work is gone. The
+private torch APIs these short cuts take, each with its public fallback, are in
+`fedhmc.models.torch_private`.
 
-Where the batched computation is slower than a loop over rows (grouped convolutions on a
-CPU), ``TorchModel`` evaluates row by row instead; ``batching`` says which, and
-``"auto"`` chooses by a fixed rule (not by timing, so that a seed always gives the same
-chain): one batched call, except for modules with convolutions on a CPU. Both give the same
-numbers up to float rounding.
+``TorchModel`` computes its gradients by one strategy, chosen when it is built and kept
+for the whole run (``TorchModel.strategy``): ``vmap`` (every row in one batched call),
+``loop`` (row by row, each with its own reverse pass), or ``compiled`` (inductor's
+compilation of the batched gradient, `CompiledRows`). ``batching`` chooses between the
+first two, and ``"auto"`` by a fixed rule (not by timing, so that a seed always gives the
+same chain): one batched call, except for modules with convolutions on a CPU at large
+minibatches, where the batched computation is slower than a loop over rows (grouped
+convolutions). ``compile`` asks for the third. The strategy's gradient is checked on the
+first examples against the plain one (``functional_call`` row by row, with autograd
+through the whole loss) and refused, or left for the eager one, if it differs by more
+than float rounding. Which way a call runs depends only on the strategy and the call's
+own shapes, never on the calls before it.
 
 Only the parameters that require gradients are sampled: θ holds those, and a parameter
 with ``requires_grad=False`` (a frozen, pretrained feature extractor, say) keeps the value
@@ -30,7 +39,8 @@ The module is evaluated in eval mode. It must not change its buffers or frozen p
 in the forward pass (batch norm in training mode does), must be deterministic given θ
 (dropout in training mode is not), and must compute each example's output from that
 example alone (batch norm without running statistics does not); ``TorchModel`` checks
-these on the first examples and refuses the module with one line otherwise.
+these on the first examples and refuses the module with one line otherwise
+(`fedhmc.models.loading`, which also loads a ``PACKAGE.MODULE:FACTORY`` model).
 
 An exception raised by the user's code (the factory, or the forward or backward pass in a
 later round) becomes a one-line ``ModelError`` naming the model, the exception and where
@@ -42,11 +52,12 @@ from __future__ import annotations
 import hashlib
 import math
 import sys
+from collections import OrderedDict
 from collections.abc import Callable
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch.func import vmap
 from torch.overrides import TorchFunctionMode
 
 from fedhmc.core import rng
@@ -62,31 +73,21 @@ from fedhmc.models.loading import (
     describe_exception,
     describe_factory,  # noqa: F401
     format_model_args,  # noqa: F401
+    largest_gap,
     load_factory,  # noqa: F401
     parse_model_args,  # noqa: F401
     passes_through,
     rounding_tolerance,
     spec_of,  # noqa: F401
 )
-
-try:  # torch.func.vmap's own primitives: one batching level without its per-call checks
-    from torch._C._functorch import (
-        _add_batch_dim,
-        _remove_batch_dim,
-        _vmap_decrement_nesting,
-        _vmap_increment_nesting,
-    )
-    from torch._functorch.vmap import lazy_load_decompositions
-except ImportError:  # pragma: no cover - a torch without them: the public vmap
-    _vmap_increment_nesting = None
-
-DIRECT_VMAP = _vmap_increment_nesting is not None
-"""Whether ``TorchModel`` batches its rows through torch.func.vmap's primitives directly
-(one batching level: ``_vmap_increment_nesting``, ``_add_batch_dim``, ``_remove_batch_dim``)
-rather than through ``torch.func.vmap``, whose Python wrapper re-checks its arguments and
-flattens them at every call (about 50 µs, measured, as much as a small model's whole
-gradient). Both run the same batching rules, so they give the same numbers bit for bit
-(tested); a torch without the primitives uses ``torch.func.vmap``."""
+from fedhmc.models.torch_private import (
+    BoundModule,
+    compile_traced,
+    is_convolution,
+    log_softmax_backward,
+    prepare_vmap,
+    vmap_call,
+)
 
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
@@ -103,12 +104,14 @@ COMPILE_MAX_VALUES = 100_000
 than this (minibatch × values per example): ``python -m benchmarks --only models`` measured
 the compiled gradient of an MLP and a logistic regression 1.4–2.8× faster than the eager
 one at 32 Fashion-MNIST images or digits per row, and no faster (0.9–1.1×) at 1,000
-Fashion-MNIST images, where the matrix products dominate."""
+Fashion-MNIST images, where the matrix products dominate. The compiled strategy computes
+a call of more values per row (a full-batch anchor) eagerly, by this rule alone."""
 
-COMPILE_RTOL = {torch.float32: 1e-3, torch.float64: 1e-9}
-"""How far, relative to the largest gradient component, the compiled gradient of the check's
-batch may be from the eager one before ``compile`` is refused: its kernels sum in another
-order (measured 1e-7 in float32), while a wrong compilation is off by far more."""
+GRADIENT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-9}
+"""How far, relative to the largest gradient component, a strategy's gradient of the
+check's batch may be from the plain one before the strategy is refused (``compile``: left
+for the eager gradient): its kernels sum in another order (measured 1e-7 in float32 for
+the compiled gradient), while a wrong computation is off by far more."""
 
 _MATMULS = frozenset(
     {torch.matmul, torch.mm, torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__}
@@ -155,7 +158,8 @@ class ClassesFirstLinear(TorchFunctionMode):
 
 COMPILE_MAX_SHAPES = 8
 """A compiled model keeps at most this many compiled functions (one per shape of its
-inputs); a further shape runs eagerly."""
+inputs); a further shape is compiled in place of the one used longest ago (which is
+compiled again if it comes back: inductor's disk cache makes that about a second)."""
 
 
 class CompiledRows:
@@ -163,62 +167,58 @@ class CompiledRows:
 
     Each new shape is traced into one graph of ATen operations (``make_fx``: the ``vmap``,
     the gradient and the module's forward pass, with nothing left in Python), which
-    inductor compiles (``compile_fx``). The compiled function is called directly: no
-    Dynamo frame and no guards, whose checks cost as much as the whole gradient of a small
-    model (about 15 µs of 50 for a logistic regression of digits at 32 images per row,
+    inductor compiles (``compile_fx``; both through `fedhmc.models.torch_private`, whose
+    fallback is ``torch.compile``). The compiled function is called directly: no Dynamo
+    frame and no guards, whose checks cost as much as the whole gradient of a small model
+    (about 15 µs of 50 for a logistic regression of digits at 32 images per row,
     measured). What the guards would check is the key here: the inputs' shapes, strides,
     dtypes and devices, torch's thread count and autocast. The module's buffers, frozen
     parameters and attributes are constants of the traced graph: a module must not change
-    them (``TorchModel`` checks that its forward pass does not). A torch without
-    ``compile_fx`` compiles the traced graph with ``torch.compile``.
+    them (``TorchModel`` checks that its forward pass does not).
+
+    Every shape is compiled, whatever came before it (past `COMPILE_MAX_SHAPES`, in place
+    of the shape used longest ago), so that which way a call runs never depends on the
+    calls before it. A shape whose compilation fails is computed eagerly from then on:
+    ``failed(exc, inputs)`` is told once, and the call returns None.
     """
 
-    def __init__(self, fn: Callable):
+    def __init__(self, fn: Callable, failed: Callable[[BaseException, tuple], None]):
         self.fn = fn
-        self._compiled: dict[tuple, Callable | None] = {}
+        self.failed = failed
+        self._compiled: OrderedDict[tuple, Callable | None] = OrderedDict()
 
     def __call__(self, *inputs: torch.Tensor):
-        """``fn(*inputs)`` compiled, or None for a shape past `COMPILE_MAX_SHAPES` (the
+        """``fn(*inputs)`` compiled, or None for a shape that could not be compiled (the
         caller then computes it eagerly)."""
         device = inputs[0].device.type
         key = (torch.get_num_threads(), torch.is_autocast_enabled(device)) + tuple(
             (t.shape, t.stride(), t.dtype, t.device) for t in inputs
         )
-        compiled = self._compiled.get(key)
-        if compiled is None:
-            if key in self._compiled or len(self._compiled) >= COMPILE_MAX_SHAPES:
-                self._compiled.setdefault(key, None)
-                return None
-            compiled = self._compiled[key] = self._compile(inputs)
-        return compiled(*inputs)
+        if key in self._compiled:
+            self._compiled.move_to_end(key)
+            compiled = self._compiled[key]
+            return None if compiled is None else compiled(*inputs)
+        self._compiled[key] = None  # (until it compiled: a failure leaves the shape eager)
+        if len(self._compiled) > COMPILE_MAX_SHAPES:
+            self._compiled.popitem(last=False)
+        try:
+            compiled = self._compile(inputs)
+            out = compiled(*inputs)
+        except Exception as e:  # noqa: BLE001 - inductor's failures are many: said in one line
+            if passes_through(e):
+                raise
+            self.failed(e, inputs)
+            return None
+        self._compiled[key] = compiled
+        return out
 
     def _compile(self, inputs: tuple[torch.Tensor, ...]) -> Callable:
-        import logging
-
-        from torch.fx.experimental.proxy_tensor import make_fx
-
-        # torch's C++ toolchain probe logs a warning about CUDA on a CPU-only machine
-        logging.getLogger("torch.utils.cpp_extension").setLevel(logging.ERROR)
         fn = self.fn
 
         def rows(theta, X, y, sw):
             return fn(theta, X, y, sw)
 
-        graph = make_fx(rows)(*inputs)
-        # (what a forward pass that failed and ran again as written left: `TorchModel._run_net`)
-        graph.graph.eliminate_dead_code()
-        graph.recompile()
-        try:
-            from torch._guards import TracingContext, tracing
-            from torch._inductor.compile_fx import compile_fx
-            from torch._subclasses.fake_tensor import FakeTensorMode
-            from torch.fx.experimental.symbolic_shapes import ShapeEnv
-        except ImportError:  # pragma: no cover - another torch: through Dynamo
-            return torch.compile(graph, dynamic=False)
-        # Inductor keeps what it compiled on disk and a new process finds it there (about a
-        # second instead of 5–20), given the tracing context that torch.compile would set.
-        with tracing(TracingContext(FakeTensorMode(shape_env=ShapeEnv()))):
-            return compile_fx(graph, list(inputs))
+        return compile_traced(rows, inputs)
 
 
 def _classes_axis(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
@@ -232,7 +232,39 @@ def _classes_axis(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
 
 
 def _has_conv(module: torch.nn.Module) -> bool:
-    return any(isinstance(m, torch.nn.modules.conv._ConvNd) for m in module.modules())
+    return any(is_convolution(m) for m in module.modules())
+
+
+@dataclass(frozen=True)
+class ModelOptions:
+    """How a `TorchModel` evaluates its module (its keyword arguments beyond the factory's).
+
+    Attributes
+    ----------
+    batching
+        One of ``BATCHINGS``.
+    dtype, device
+        Where the module's buffers live (its parameters are replaced by θ in every call).
+    name
+        The model's spec, for ``config.json`` and messages.
+    batch_size
+        Examples per row of a gradient evaluation (0: the whole client), for ``auto``.
+    compile
+        Evaluate the gradient with a compiled (inductor, `CompiledRows`)
+        ``vmap(grad_and_value(loss))`` of the module, under ``vmap`` batching and below
+        ``COMPILE_MAX_VALUES`` input values per row: faster on a CPU at small batches, with
+        gradients equal to the eager ones up to float rounding. It is checked on the
+        example batch when the model is built; a module that cannot be compiled (or a
+        machine without a C compiler) stays eager, with one line on stderr
+        (``TorchModel.compiled`` says which runs).
+    """
+
+    batching: str = "auto"
+    dtype: torch.dtype = torch.float32
+    device: torch.device | str = "cpu"
+    name: str = "module"
+    batch_size: int = 0
+    compile: bool = False
 
 
 class TorchModel:
@@ -248,21 +280,9 @@ class TorchModel:
         A few training inputs, (b, *features), to check the module on.
     kwargs
         Keyword arguments of ``factory``.
-    batching
-        One of ``BATCHINGS``.
-    dtype, device
-        Where the module's buffers live (its parameters are replaced by θ in every call).
-    name
-        The model's spec, for ``config.json`` and messages.
-    batch_size
-        Examples per row of a gradient evaluation (0: the whole client), for ``auto``.
-    compile
-        Evaluate the gradient with a compiled (inductor, `CompiledRows`)
-        ``vmap(grad_and_value(loss))`` of the module, under ``vmap`` batching and below
-        ``COMPILE_MAX_VALUES`` input values per row: faster on a CPU at small batches, with
-        gradients equal to the eager ones up to float rounding. It is checked on the
-        example batch here; a module that cannot be compiled (or a machine without a C
-        compiler) stays eager, with one line on stderr (``compiled`` says which runs).
+    **options
+        The fields of `ModelOptions`: ``batching``, ``dtype``, ``device``, ``name``,
+        ``batch_size`` and ``compile``.
     """
 
     def __init__(
@@ -271,30 +291,61 @@ class TorchModel:
         num_classes: int,
         example: torch.Tensor,
         kwargs: dict | None = None,
-        batching: str = "auto",
-        dtype: torch.dtype = torch.float32,
-        device: torch.device | str = "cpu",
-        name: str = "module",
-        batch_size: int = 0,
-        compile: bool = False,
+        **options,
     ):
-        if batching not in BATCHINGS:
-            raise ConfigError(f"batching must be one of {', '.join(BATCHINGS)}, got {batching!r}")
-        self.name = name
+        opts = ModelOptions(**options)
+        if opts.batching not in BATCHINGS:
+            raise ConfigError(
+                f"batching must be one of {', '.join(BATCHINGS)}, got {opts.batching!r}"
+            )
+        self.name = opts.name
         self.kwargs = dict(kwargs or {})
         self.num_classes = int(num_classes)
         self._factory = factory
         with torch.random.fork_rng(devices=[]):
             torch.manual_seed(BUILD_SEED)
             module = build_module(self._factory, self.kwargs, self.name)
-        self.net = module.to(device=device, dtype=dtype).eval()
+        self.net = module.to(device=opts.device, dtype=opts.dtype).eval()
+        self.device = torch.device(opts.device)
+        self._lay_out()
+        self._bound = BoundModule(self.net)
+        """The module with θ's parts swapped in (`fedhmc.models.torch_private`)."""
+        prepare_vmap()
+        per_row = max(1, int(opts.batch_size)) * max(1, example[0].numel())
+        self.batching = opts.batching
+        """``vmap`` or ``loop``: how the module's rows are evaluated (``auto`` resolved)."""
+        if opts.batching == "auto":
+            big = per_row >= AUTO_LOOP_VALUES
+            loop = self.device.type == "cpu" and _has_conv(self.net) and big
+            self.batching = "loop" if loop else "vmap"
+        self.strategy = "unchecked"
+        """How the gradient is computed, chosen here once for the whole run: ``vmap``,
+        ``loop`` or ``compiled``."""
+        self._said_as_written = False
+        self._compiled_fn: CompiledRows | None = None
+        x = example.to(device=opts.device, dtype=opts.dtype)[: min(4, example.shape[0])]
+        out = check_module(self.net, x, self.num_classes, self.name)
+        self.classes_first = self._same_classes_first(x, out)
+        """Whether the module runs under `ClassesFirstLinear` (off for a module that fails
+        or gives other outputs under it on the check's batch: then it runs as written)."""
+        compile = opts.compile and self.batching == "vmap" and per_row < COMPILE_MAX_VALUES
+        self.strategy = self._choose_strategy(x, compile)
+
+    @property
+    def compiled(self) -> bool:
+        """Whether the gradient is the compiled one (``compile``, under ``vmap`` batching)."""
+        return self.strategy == "compiled"
+
+    # ------------------------------------------------------------------ building
+    def _lay_out(self) -> None:
+        """θ's layout: the sampled parameters' names, shapes and sizes, and the frozen ones'."""
         named = dict(self.net.named_parameters())
         if not named:
-            raise ConfigError(f"--model {name}: the module has no parameters to sample")
+            raise ConfigError(f"--model {self.name}: the module has no parameters to sample")
         params = {k: v for k, v in named.items() if v.requires_grad}
         if not params:
             raise ConfigError(
-                f"--model {name}: every parameter has requires_grad=False, so there is "
+                f"--model {self.name}: every parameter has requires_grad=False, so there is "
                 "nothing to sample; leave the parameters to sample requiring gradients"
             )
         self.frozen = {k: tuple(v.shape) for k, v in named.items() if not v.requires_grad}
@@ -303,52 +354,10 @@ class TorchModel:
         self._sizes = [math.prod(s) for s in self.shapes.values()]
         self._shape_list = list(self.shapes.values())
         self.dim = sum(self._sizes)
-        self.device = torch.device(device)
-        self._slots = self._bind()
-        self._vmapped: dict[bool, Callable] = {}  # the public vmap's functions, built once
-        if DIRECT_VMAP:
-            lazy_load_decompositions()  # what torch.func.vmap does first at every call
-        per_row = max(1, int(batch_size)) * max(1, example[0].numel())
-        if batching == "auto":
-            big = per_row >= AUTO_LOOP_VALUES
-            loop = self.device.type == "cpu" and _has_conv(self.net) and big
-            batching = "loop" if loop else "vmap"
-        self.batching = batching
-        self.classes_first = True
-        """Whether the module runs under `ClassesFirstLinear` (off for a module that fails
-        or gives other outputs under it on the check's batch: then it runs as written)."""
-        self._written_shapes: set[tuple[int, ...]] = set()
-        """Shapes of inputs on which the module failed under `ClassesFirstLinear`."""
-        self.compiled = False
-        """Whether the gradient is the compiled one (``compile``, under ``vmap`` batching)."""
-        self._compiled_fn: Callable | None = None
-        self._check(example.to(device=device, dtype=dtype))
-        if compile and batching == "vmap" and per_row < COMPILE_MAX_VALUES:
-            self._check_compiled(example.to(device=device, dtype=dtype))
-
-    # ------------------------------------------------------------------ building
-    def _check(self, example: torch.Tensor) -> None:
-        """Refuse, in one line, a module that fedhmc cannot sample (see the module's doc)."""
-        name = self.name
-        x = example[: min(4, example.shape[0])]
-        out1 = check_module(self.net, x, self.num_classes, name)
-        self.classes_first = self._same_classes_first(x, out1)
-        y = torch.zeros(x.shape[0], dtype=torch.int64, device=x.device)
-        sw = torch.ones(x.shape[0], dtype=x.dtype, device=x.device)
-        theta = self.flatten(dict(self.net.named_parameters())).detach().unsqueeze(0)
-        if self.batching == "vmap":
-            try:
-                self.loss_grad(theta, x.unsqueeze(0), y.unsqueeze(0), sw.unsqueeze(0))
-            except ModelError as e:
-                cause = describe_exception(e.__cause__ or e)
-                raise ConfigError(
-                    f"--model {name}: torch.func.vmap cannot batch this module ({cause}); "
-                    "add --model-batching loop"
-                ) from None
 
     def _same_classes_first(self, x: torch.Tensor, out: torch.Tensor) -> bool:
         """Whether the module runs under `ClassesFirstLinear` and gives its outputs ``out``
-        on ``x`` there, up to float rounding (``BATCH_RTOL``)."""
+        on ``x`` there, up to float rounding (``fedhmc.models.loading.BATCH_RTOL``)."""
         try:
             with torch.no_grad(), ClassesFirstLinear():
                 got = self.net(x)
@@ -361,60 +370,93 @@ class TorchModel:
         tol = rounding_tolerance(out)
         return bool(torch.allclose(got, out, rtol=0.0, atol=tol, equal_nan=True))
 
-    def __getstate__(self) -> dict:
-        """For pickling and ``copy``: without the vmapped and compiled closures (rebuilt on
-        use)."""
-        return {**self.__dict__, "_vmapped": {}, "_compiled_fn": None}
-
-    # ------------------------------------------------------------------ compiled gradient
-    def _row_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, sw: torch.Tensor):
-        """Σ_i sw_i ℓ(θ; x_i, y_i) of one row: θ (D,), x (B, *features), y (B,), sw (B,)."""
-        params = dict(zip(self.shapes, self._parts(theta), strict=True))
-        logits = self._run_net(lambda: torch.func.functional_call(self.net, params, (x,)), x)
-        logp = F.log_softmax(logits, dim=-1)
-        return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum()
-
-    def _compiled(self) -> Callable:
-        """The compiled ``vmap(grad_and_value(_row_loss))``, built once (`CompiledRows`)."""
-        if self._compiled_fn is None:
-            self._compiled_fn = CompiledRows(vmap(torch.func.grad_and_value(self._row_loss)))
-        return self._compiled_fn
-
-    def _check_compiled(self, example: torch.Tensor) -> None:
-        """Compile on the example batch and compare with the eager gradient; a failure
-        leaves the gradient eager, said in one line."""
-        x = example[: min(4, example.shape[0])].unsqueeze(0)
-        y = torch.zeros(x.shape[:2], dtype=torch.int64, device=x.device)
-        sw = torch.ones(x.shape[:2], dtype=x.dtype, device=x.device)
+    def _choose_strategy(self, x: torch.Tensor, compile: bool) -> str:
+        """The gradient's strategy, checked on the check's batch ``x`` against the plain
+        gradient (`_plain_loss_grad`): ``batching``'s (refused in one line if it fails or
+        differs), or ``compiled`` where ``compile`` and the compiled gradient matches too
+        (else ``batching``'s, said in one line)."""
         theta = self.flatten(dict(self.net.named_parameters())).detach().unsqueeze(0)
-        want, _ = self.loss_grad(theta, x, y, sw)
+        X = x.unsqueeze(0)
+        y = (torch.arange(x.shape[0], device=x.device) % self.num_classes).unsqueeze(0)
+        sw = torch.ones(X.shape[:2], dtype=x.dtype, device=x.device)
+        got = self._eager_on_check(theta, X, y, sw)
         try:
-            got, _ = self._compiled()(theta, x, y, sw)
-            scale = float(want.abs().max()) or 1.0
-            if not float((got - want).abs().max()) <= COMPILE_RTOL.get(x.dtype, 1e-3) * scale:
-                raise ValueError("its gradient differs from the eager one")
-        except Exception as e:  # noqa: BLE001 - torch.compile's failures are many: said in one line
-            self._uncompiled(e)
-            return
-        self.compiled = True
+            want, _ = self._plain_loss_grad(theta, X, y, sw)
+        except Exception as e:
+            if passes_through(e):
+                raise
+            raise self._user_error(e, "forward or backward pass") from e
+        gap, tol = self._gradient_gap(got, want)
+        if not gap <= tol:
+            how = "batched with torch.func.vmap" if self.batching == "vmap" else "row by row"
+            fix = "add --model-batching loop" if self.batching == "vmap" else "please report it"
+            raise ConfigError(
+                f"--model {self.name}: its gradient {how} differs from functional_call's "
+                f"with autograd by {gap:.3g} on the first examples; {fix}"
+            )
+        if compile and self._compiles(theta, X, y, sw, want):
+            return "compiled"
+        return self.batching
 
-    def _uncompiled(self, exc: BaseException) -> None:
-        """Leave the compiled gradient for the eager one, with one line on stderr."""
+    def _eager_on_check(self, theta, X, y, sw) -> torch.Tensor:
+        """``batching``'s gradient of the check's batch (a module that ``vmap`` cannot batch
+        is refused in one line)."""
+        if self.batching == "loop":
+            return self._loop_grad(theta, X, y, sw, True)[0]
+        try:
+            return self._grad(theta, X, y, sw, True)[0]
+        except Exception as e:
+            if passes_through(e):
+                raise
+            raise ConfigError(
+                f"--model {self.name}: torch.func.vmap cannot batch this module "
+                f"({describe_exception(e)}); add --model-batching loop"
+            ) from None
+
+    def _gradient_gap(self, got: torch.Tensor, want: torch.Tensor) -> tuple[float, float]:
+        """The largest difference of two gradients of the check's batch, and how large
+        float rounding may make it (`GRADIENT_RTOL` of the largest component, or of 1)."""
+        finite = want[want.isfinite()]
+        scale = float(finite.abs().max()) if finite.numel() else 0.0
+        return largest_gap(got, want), GRADIENT_RTOL.get(want.dtype, 1e-3) * (scale or 1.0)
+
+    def _compiles(self, theta, X, y, sw, want: torch.Tensor) -> bool:
+        """Whether the compiled gradient of the check's batch is ``want`` up to float
+        rounding; if not (or it does not compile) the gradient stays eager, said in one
+        line."""
+        out = self._compiled()(theta, X, y, sw)
+        if out is None:  # (said by _compile_failed)
+            return False
+        gap, tol = self._gradient_gap(out[0], want)
+        if not gap <= tol:
+            self._compile_failed(ValueError("its gradient differs from the eager one"), ())
+            return False
+        return True
+
+    def _compile_failed(self, exc: BaseException, inputs: tuple) -> None:
+        """One line on stderr: at the check, the gradient stays eager; in the run, the
+        gradient of inputs of that shape is computed eagerly."""
         why = describe_exception(exc).splitlines()[0][:200]
-        print(
-            f"fedhmc: --model {self.name} runs uncompiled: torch.compile failed ({why})",
-            file=sys.stderr,
-        )
-        self.compiled = False
-        self._compiled_fn = None
+        if self.strategy != "compiled":
+            msg = f"runs uncompiled: torch.compile failed ({why})"
+        else:
+            shape = tuple(inputs[1].shape)
+            msg = f"computes inputs of shape {shape} uncompiled: compiling them failed ({why})"
+        print(f"fedhmc: --model {self.name} {msg}", file=sys.stderr)
+        if self.strategy != "compiled":
+            self._compiled_fn = None
 
+    def __getstate__(self) -> dict:
+        """For pickling and ``copy``: without the compiled functions (rebuilt on use)."""
+        return {**self.__dict__, "_compiled_fn": None}
+
+    # ------------------------------------------------------------------ the module's calls
     def _run_net(self, run: Callable[[], torch.Tensor], x: torch.Tensor) -> torch.Tensor:
         """``run()`` (the module on the inputs ``x``) under `ClassesFirstLinear`, or as
-        written: for a module that needs it (``classes_first`` False), and for each shape
-        of inputs on which the module failed under it. Decided per shape, so that which way
-        a call runs never depends on the calls before it."""
-        shape = tuple(x.shape)
-        if not self.classes_first or shape in self._written_shapes:
+        written: for a module that needs it (``classes_first`` False), and for a call on
+        whose inputs the module fails under it (then each such call tries it first: which
+        way a call runs never depends on the calls before it)."""
+        if not self.classes_first:
             return run()
         try:
             with ClassesFirstLinear():
@@ -423,72 +465,43 @@ class TorchModel:
             if passes_through(e):
                 raise
             out = run()  # raises again if the module itself fails
-            self._as_written(shape, e)
+            self._say_as_written(tuple(x.shape), e)
             return out
 
-    def _as_written(self, shape: tuple[int, ...], exc: BaseException) -> None:
-        """Run the module as written on inputs of ``shape`` (it failed under
-        `ClassesFirstLinear` there), saying so in one line the first time."""
-        if not self._written_shapes:
-            why = describe_exception(exc).splitlines()[0][:200]
-            print(
-                f"fedhmc: --model {self.name} runs its linear layers as written on inputs of "
-                f"shape {shape}: laid out classes first they failed ({why})",
-                file=sys.stderr,
-            )
-        self._written_shapes.add(shape)
-
-    def _bind(self) -> list[tuple[torch.nn.Module, str, int]]:
-        """(submodule, attribute, index in θ's parameters) of every name under which a
-        parameter is reachable: what ``functional_call`` would look up and swap at every
-        call, found once. A parameter shared by several submodules (tied weights) is listed
-        under each of its names, with the index of its first (``functional_call``'s
-        ``tie_weights``)."""
-        sampled = (p for p in self.net.parameters() if p.requires_grad)
-        index = {id(p): i for i, p in enumerate(sampled)}
-        slots = []
-        for name, p in self.net.named_parameters(remove_duplicate=False):
-            if not p.requires_grad:  # frozen: stays in the module, with its own value
-                continue
-            prefix, _, attr = name.rpartition(".")
-            owner = self.net.get_submodule(prefix) if prefix else self.net
-            slots.append((owner, attr, index[id(p)]))
-        return slots
+    def _say_as_written(self, shape: tuple[int, ...], exc: BaseException) -> None:
+        """The one line (the model's first) saying that the module ran as written on inputs
+        of ``shape``, having failed under `ClassesFirstLinear` there."""
+        if self._said_as_written:
+            return
+        self._said_as_written = True
+        why = describe_exception(exc).splitlines()[0][:200]
+        print(
+            f"fedhmc: --model {self.name} runs its linear layers as written on inputs of "
+            f"shape {shape}: laid out classes first they failed ({why})",
+            file=sys.stderr,
+        )
 
     def _forward(self, *args: torch.Tensor) -> torch.Tensor:
         """The module's outputs with its parameters replaced by ``args[:-1]`` (θ's parts,
         in ``named_parameters()`` order) on the inputs ``args[-1]``: ``functional_call``
-        without its per-call lookups (the same swap of the submodules' ``_parameters``)."""
-        slots = self._slots
-        saved = [owner._parameters[attr] for owner, attr, _ in slots]
-        try:
-            for owner, attr, i in slots:
-                owner._parameters[attr] = args[i]
-            return self._run_net(lambda: self.net(args[-1]), args[-1])
-        finally:
-            for (owner, attr, _), t in zip(slots, saved, strict=True):
-                owner._parameters[attr] = t
+        without its per-call lookups (`BoundModule`)."""
+        x = args[-1]
+        return self._run_net(lambda: self._bound(args[:-1], x), x)
 
-    def _vmap(self, parts: list[torch.Tensor], X: torch.Tensor, shared: bool) -> torch.Tensor:
-        """``vmap(self._forward)`` over the rows of θ's ``parts`` (M, *shape) and of ``X``
-        (M, B, …), or with one ``X`` (n, …) for every row (``shared``)."""
-        if not DIRECT_VMAP:
-            f = self._vmapped.get(shared)
-            if f is None:
-                in_dims = (0,) * len(parts) + (None if shared else 0,)
-                f = self._vmapped[shared] = vmap(self._forward, in_dims=in_dims)
-            return f(*parts, X)
-        M = parts[0].shape[0]
-        level = _vmap_increment_nesting(M, "error")
-        try:
-            args = [_add_batch_dim(t, 0, level) for t in parts]
-            args.append(X if shared else _add_batch_dim(X, 0, level))
-            out = self._forward(*args)
-            if not isinstance(out, torch.Tensor):
-                raise ValueError(f"the module returned a {type(out).__name__}, not a tensor")
-            return _remove_batch_dim(out, level, M, 0)
-        finally:
-            _vmap_decrement_nesting()
+    # ------------------------------------------------------------------ the compiled gradient
+    def _row_loss(self, theta: torch.Tensor, x: torch.Tensor, y: torch.Tensor, sw: torch.Tensor):
+        """Σ_i sw_i ℓ(θ; x_i, y_i) of one row: θ (D,), x (B, *features), y (B,), sw (B,)."""
+        params = dict(zip(self.shapes, self._parts(theta), strict=True))
+        logits = self._run_net(lambda: torch.func.functional_call(self.net, params, (x,)), x)
+        logp = F.log_softmax(logits, dim=-1)
+        return -(logp.gather(-1, y.unsqueeze(-1)).squeeze(-1) * sw).sum()
+
+    def _compiled(self) -> CompiledRows:
+        """The compiled ``vmap(grad_and_value(_row_loss))``, built once (`CompiledRows`)."""
+        if self._compiled_fn is None:
+            fn = torch.func.vmap(torch.func.grad_and_value(self._row_loss))
+            self._compiled_fn = CompiledRows(fn, self._compile_failed)
+        return self._compiled_fn
 
     # ----------------------------------------------------------------- layout
     def flatten(self, params: dict[str, torch.Tensor]) -> torch.Tensor:
@@ -600,7 +613,7 @@ class TorchModel:
         sw: torch.Tensor,
         need_value: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
-        """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of each row m and its gradient.
+        """Σ_i sw_i ℓ(θ_m; x_mi, y_mi) of each row m and its gradient, by ``strategy``.
 
         theta (M, D), X (M, B, *features), y (M, B), sw (M, B); returns (M, D) and (M,).
         Under ``vmap``, one forward pass of every row (``vmap`` of the bound module), then
@@ -611,34 +624,43 @@ class TorchModel:
         turn, as a loop over per-client modules would run them: one row's activations at a
         time (``python -m benchmarks --only models``: LeNet-5 at 1,000 images per row,
         0.77–0.83 of such a loop's speed with every row's forward pass first, 0.99–1.00
-        this way).
+        this way). Under ``compiled``, the compiled ``vmap`` of the gradient of one row's
+        loss (`CompiledRows`), below ``COMPILE_MAX_VALUES`` input values per row.
 
         Autograd records only the module: the loss's gradient with respect to the logits
         is computed here by the kernels autograd's reverse pass of ``log_softmax`` and
-        ``gather`` would call (``scatter_add`` of −sw into zeros, then
-        ``_log_softmax_backward_data``), with the same numbers (tested against
-        autograd through the whole loss) and seven fewer nodes for the autograd engine.
+        ``gather`` would call (``scatter_add`` of −sw into zeros, then log_softmax's
+        backward, `fedhmc.models.torch_private.log_softmax_backward`), with the same
+        numbers (tested against autograd through the whole loss) and seven fewer nodes for
+        the autograd engine.
         """
-        if self.compiled and X[0].numel() < COMPILE_MAX_VALUES:  # (not a full-batch anchor)
-            try:
-                out = self._compiled()(theta.detach(), X, y, sw)
-                if out is not None:  # (None: a shape past COMPILE_MAX_SHAPES, eager below)
-                    return out[0], out[1] if need_value else None
-            except Exception as e:
-                if passes_through(e):
-                    raise
-                self._uncompiled(e)  # torch.compile failed on these shapes: eager from now on
         try:
-            if self.batching == "loop":  # row by row, each with its own reverse pass
-                rows = zip(theta, X, y, sw, strict=True)
-                out = [self._grad(t, x, yr, w, need_value) for t, x, yr, w in rows]
-                g = torch.stack([o[0] for o in out])
-                return g, torch.stack([o[1] for o in out]) if need_value else None
-            return self._grad(theta, X, y, sw, need_value)
+            if self.strategy == "vmap":
+                return self._grad(theta, X, y, sw, need_value)
+            if self.strategy == "loop":
+                return self._loop_grad(theta, X, y, sw, need_value)
+            return self._compiled_grad(theta, X, y, sw, need_value)
         except Exception as e:
             if passes_through(e):
                 raise
             raise self._user_error(e, "forward or backward pass") from e
+
+    def _loop_grad(self, theta, X, y, sw, need_value):
+        """`loss_grad` row by row, each row with its own reverse pass."""
+        rows = zip(theta, X, y, sw, strict=True)
+        out = [self._grad(t, x, yr, w, need_value) for t, x, yr, w in rows]
+        g = torch.stack([o[0] for o in out])
+        return g, torch.stack([o[1] for o in out]) if need_value else None
+
+    def _compiled_grad(self, theta, X, y, sw, need_value):
+        """`loss_grad` compiled (`CompiledRows`), or batched eagerly at ``COMPILE_MAX_VALUES``
+        input values per row and more (a full-batch anchor) and for a shape that could not
+        be compiled."""
+        if X[0].numel() < COMPILE_MAX_VALUES:
+            out = self._compiled()(theta.detach(), X, y, sw)
+            if out is not None:
+                return out[0], out[1] if need_value else None
+        return self._grad(theta, X, y, sw, need_value)
 
     def _grad(self, theta, X, y, sw, need_value):
         """`loss_grad` of rows θ (M, D) batched with vmap on X (M, B, …), or of one row θ
@@ -648,16 +670,32 @@ class TorchModel:
             if th.dim() == 1:
                 logits = self._forward(*self._parts(th), X)
             else:
-                logits = self._vmap(self._parts(th), X, shared=False)
+                logits = vmap_call(self._forward, self._parts(th), X, batched=True)
         with torch.no_grad():
             z, c = _classes_axis(logits)
             logp = F.log_softmax(z, dim=c)
             yy = y.unsqueeze(c)
             nll = -(logp.gather(c, yy).squeeze(c) * sw).sum(-1) if need_value else None
             g_logp = torch.zeros_like(logp).scatter_add_(c, yy, sw.neg().unsqueeze(c))
-            g_logits = torch._log_softmax_backward_data(g_logp, logp, c, logp.dtype)
+            g_logits = log_softmax_backward(g_logp, logp, c)
         (g,) = torch.autograd.grad(logits, th, g_logits if c == -1 else g_logits.mT)
         return g, nll
+
+    def _plain_loss_grad(self, theta, X, y, sw) -> tuple[torch.Tensor, torch.Tensor]:
+        """`loss_grad` by public APIs alone, row by row: ``functional_call`` of the module
+        as written, ``log_softmax`` and autograd through the whole loss. Every strategy is
+        checked against it when the model is built."""
+        grads, values = [], []
+        for t, x, yr, w in zip(theta, X, y, sw, strict=True):
+            with torch.enable_grad():
+                th = t.detach().requires_grad_(True)
+                logits = torch.func.functional_call(self.net, self.unflatten(th), (x,))
+                logp = F.log_softmax(logits, dim=-1)
+                nll = -(logp.gather(-1, yr.unsqueeze(-1)).squeeze(-1) * w).sum()
+                (g,) = torch.autograd.grad(nll, th)
+            grads.append(g)
+            values.append(nll.detach())
+        return torch.stack(grads), torch.stack(values)
 
     def _user_error(self, exc: BaseException, where: str) -> ModelError:
         return ModelError(
@@ -674,7 +712,7 @@ class TorchModel:
             for start in range(0, X.shape[0], PREDICT_CHUNK):
                 x = X[start : start + PREDICT_CHUNK]
                 if rows is None:
-                    out = self._vmap(parts, x, shared=True)
+                    out = vmap_call(self._forward, parts, x, batched=False)
                 else:
                     out = torch.stack([self._forward(*r, x) for r in rows])
                 z, c = _classes_axis(out)

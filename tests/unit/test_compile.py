@@ -3,8 +3,9 @@
 - The default is a fixed rule of the run's settings (a module, on the CPU, with enough
   gradient evaluations to repay the compilation), recorded in ``config.json``.
 - The compiled gradient equals the eager one up to float rounding.
-- A module or a machine that cannot compile stays eager, said in one line; a resumed run
-  keeps the recorded choice.
+- A module or a machine that cannot compile stays eager, said in one line; a shape that
+  fails to compile later is computed eagerly, said in one line, the strategy unchanged; a
+  resumed run keeps the recorded choice.
 """
 
 from __future__ import annotations
@@ -104,23 +105,35 @@ def test_the_run_records_the_choice(tmp_path):
     assert "model_compiled" not in res.summary
 
 
-def test_a_failure_at_run_time_falls_back_to_the_eager_gradient(capsys):
-    X = torch.randn(2, 5, 6)
+def test_a_shape_that_fails_to_compile_in_the_run_is_eager_in_one_line(monkeypatch, capsys):
+    """The strategy stays compiled for the whole run: a shape whose compilation fails is
+    computed eagerly (said once), and the shapes that compiled stay compiled."""
+    from torch._inductor import compile_fx
+
+    gen = torch.Generator().manual_seed(2)
+    X = torch.randn(2, 5, 6, generator=gen)
     y, sw = torch.zeros(2, 5, dtype=torch.int64), torch.ones(2, 5)
     model = TorchModel(_mlp, 3, X[0], compile=True)
-    theta = torch.randn(2, model.dim)
+    theta = torch.randn(2, model.dim, generator=gen)
+    g_ok, _ = model.loss_grad(theta, X, y, sw)  # (2, 5): compiles
     capsys.readouterr()
 
-    def fail(*args):
+    def fail(*args, **kwargs):
         raise RuntimeError("inductor failed on this shape")
 
-    model._compiled_fn = fail
-    g, v = model.loss_grad(theta, X, y, sw)
-    want, _ = TorchModel(_mlp, 3, X[0]).loss_grad(theta, X, y, sw)
-    torch.testing.assert_close(g, want)
-    assert not model.compiled
+    monkeypatch.setattr(compile_fx, "compile_fx", fail)
+    X3 = torch.randn(3, 4, 6, generator=gen)
+    y3, sw3 = torch.zeros(3, 4, dtype=torch.int64), torch.ones(3, 4)
+    theta3 = torch.randn(3, model.dim, generator=gen)
+    g, v = model.loss_grad(theta3, X3, y3, sw3)
+    want, want_v = TorchModel(_mlp, 3, X[0]).loss_grad(theta3, X3, y3, sw3)
+    assert torch.equal(g, want) and torch.equal(v, want_v)  # the eager numbers
     err = capsys.readouterr().err.strip().splitlines()
-    assert len(err) == 1 and "runs uncompiled" in err[0], err
+    assert len(err) == 1 and "shape (3, 4, 6) uncompiled" in err[0], err
+    assert model.compiled  # the strategy did not change
+    g2, _ = model.loss_grad(theta3, X3, y3, sw3)  # that shape eager again, silently
+    assert torch.equal(g2, g) and capsys.readouterr().err == ""
+    assert torch.equal(model.loss_grad(theta, X, y, sw)[0], g_ok)  # still compiled
 
 
 def test_a_resumed_run_keeps_its_recorded_choice(tmp_path):
@@ -172,8 +185,8 @@ def test_a_run_recorded_before_the_option_compares_as_uncompiled():
 
 def test_each_shape_compiles_once_and_gives_the_eager_numbers(monkeypatch):
     """CompiledRows calls inductor's functions without Dynamo's guards: the key (shapes,
-    strides, dtypes, threads) must tell the shapes apart, and a shape past the limit runs
-    eagerly."""
+    strides, dtypes, threads) must tell the shapes apart, and a shape past the limit is
+    compiled too, in place of the one used longest ago."""
     import fedhmc.models.module as module
 
     monkeypatch.setattr(module, "COMPILE_MAX_SHAPES", 3)  # the check's batch, then 2 more
@@ -196,7 +209,8 @@ def test_each_shape_compiles_once_and_gives_the_eager_numbers(monkeypatch):
         g1, v1 = model.loss_grad(theta, X, y, sw)
         torch.testing.assert_close(g1, g0, rtol=1e-12, atol=1e-12)
         torch.testing.assert_close(v1, v0, rtol=1e-12, atol=1e-12)
-    assert len(built) == 2  # (3, 5) and (2, 9); (4, 4) is a fourth shape: eager
+    # (3, 5) and (2, 9), then (4, 4) in place of the check's batch: every shape compiled
+    assert len(built) == 3
     assert model.compiled
 
 

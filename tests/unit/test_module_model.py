@@ -402,11 +402,11 @@ def test_the_bound_path_equals_functional_call_bit_for_bit_at_every_shape(
     """The binding, θ's views and the batched function are built once: calls at changing
     numbers of rows and batch sizes, repeated, give exactly functional_call's numbers, and
     leave the module's own parameters in place."""
-    import fedhmc.models.module as module
+    import fedhmc.models.torch_private as private
 
-    if direct and not module.DIRECT_VMAP:
+    if direct and not private.DIRECT_VMAP:
         pytest.skip("this torch lacks vmap's primitives: only the public vmap path runs")
-    monkeypatch.setattr(module, "DIRECT_VMAP", direct)
+    monkeypatch.setattr(private, "DIRECT_VMAP", direct)
     dev = torch.device(device)
     gen = torch.Generator(device="cpu").manual_seed(3)
     ex = torch.randn(4, F, generator=gen, dtype=torch.float64, device="cpu").to(dev)
@@ -435,9 +435,9 @@ def test_a_pickled_or_copied_model_binds_its_own_module(direct, monkeypatch):
     import copy
     import pickle
 
-    import fedhmc.models.module as module
+    import fedhmc.models.torch_private as private
 
-    monkeypatch.setattr(module, "DIRECT_VMAP", direct and module.DIRECT_VMAP)
+    monkeypatch.setattr(private, "DIRECT_VMAP", direct and private.DIRECT_VMAP)
     model = TorchModel(_Tied, C, torch.randn(4, F, device="cpu"))
     theta = torch.randn(3, model.dim, device="cpu")
     X = torch.randn(3, 5, F, device="cpu")
@@ -446,7 +446,7 @@ def test_a_pickled_or_copied_model_binds_its_own_module(direct, monkeypatch):
     g, v = model.loss_grad(theta, X, y, sw)
     for other in (pickle.loads(pickle.dumps(model)), copy.deepcopy(model)):
         own = {id(m) for m in other.net.modules()}
-        assert all(id(owner) in own for owner, _, _ in other._slots)  # not model's module
+        assert all(id(owner) in own for owner, _, _ in other._bound.slots)  # not model's module
         g2, v2 = other.loss_grad(theta, X, y, sw)
         assert torch.equal(g2, g) and torch.equal(v2, v)
 
@@ -557,7 +557,7 @@ def test_a_module_that_needs_its_layout_runs_as_written(capsys):
 
 
 @pytest.mark.parametrize("compiled", [False, True], ids=["eager", "compiled"])
-def test_a_layout_failure_in_the_run_falls_back_for_that_shape_in_one_line(compiled, capsys):
+def test_a_layout_failure_in_the_run_runs_that_call_as_written_in_one_line(compiled, capsys):
     model = TorchModel(
         lambda: _FlattensItsOutput(late=True),
         C,
@@ -574,11 +574,24 @@ def test_a_layout_failure_in_the_run_falls_back_for_that_shape_in_one_line(compi
     tol = 1e-12 if compiled else 0.0  # (compiled: another order of the same sums)
     assert float((g - g_ref).abs().max()) <= tol * float(g_ref.abs().max())
     assert torch.allclose(v, v_ref, rtol=tol, atol=0)
-    g2, _ = model.loss_grad(theta, X, y, sw)  # that shape as written from then on, silently
+    g2, _ = model.loss_grad(theta, X, y, sw)  # that shape as written again, silently
     assert torch.equal(g2, g) and capsys.readouterr().err == ""
-    # Decided per shape: the others still run classes first, whatever ran before them.
-    assert model.classes_first and model._written_shapes == {(20, F)}
-    assert model.compiled == compiled
+    assert model.classes_first and model.compiled == compiled  # the strategy never changes
+    # Which way a call runs depends on its own shape alone, never on the calls before it:
+    # a fresh model calling the shapes in the other order gives the same numbers.
+    small = _rows(2, 3, model.dim, seed=6)
+    g_small, _ = model.loss_grad(*small)
+    fresh = TorchModel(
+        lambda: _FlattensItsOutput(late=True),
+        C,
+        torch.randn(4, F, device="cpu"),
+        dtype=torch.float64,
+        compile=compiled,
+    )
+    g_first, _ = fresh.loss_grad(*small)
+    assert torch.equal(g_first, g_small)
+    assert torch.equal(fresh.loss_grad(theta, X, y, sw)[0], g)
+    capsys.readouterr()
 
 
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):

@@ -147,3 +147,26 @@ def test_the_compiled_function_is_torch_compiles_up_to_rounding():
         torch.testing.assert_close(got[1], eager[1], rtol=1e-12, atol=1e-12)
     torch.testing.assert_close(fast[0], public[0], rtol=1e-12, atol=1e-12)
 
+
+@pytest.mark.parametrize("batching", ["vmap", "loop"])
+def test_a_model_on_the_fallbacks_alone_gives_the_fast_paths_numbers(batching, monkeypatch):
+    """TorchModel with every fast path off (what a torch without them runs): the same
+    gradients, energies and predictions, up to float rounding (log_softmax's backward sums
+    in another order; the rest is bit for bit)."""
+    from fedhmc.models.module import TorchModel
+
+    gen = _gen(7)
+    ex = torch.randn(4, F, generator=gen, dtype=torch.float64)
+    fast = TorchModel(_Tied, C, ex, batching=batching, dtype=torch.float64)
+    for flag in ("DIRECT_VMAP", "DIRECT_SWAP", "LOG_SOFTMAX_BACKWARD_AVAILABLE"):
+        monkeypatch.setattr(private, flag, False)
+    slow = TorchModel(_Tied, C, ex, batching=batching, dtype=torch.float64)
+    theta = torch.randn(3, fast.dim, generator=gen, dtype=torch.float64)
+    X = torch.randn(3, 5, F, generator=gen, dtype=torch.float64)
+    y = torch.randint(0, C, (3, 5), generator=gen)
+    sw = torch.rand(3, 5, generator=gen, dtype=torch.float64)
+    g0, v0 = fast.loss_grad(theta, X, y, sw)
+    g1, v1 = slow.loss_grad(theta, X, y, sw)
+    torch.testing.assert_close(g1, g0, rtol=1e-13, atol=1e-13)
+    assert torch.equal(v1, v0)  # (the energy does not go through the backward)
+    assert torch.equal(slow.log_probs(theta, X[0]), fast.log_probs(theta, X[0]))
