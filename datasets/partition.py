@@ -256,6 +256,23 @@ def partition(
     DataError
         Invalid labels, or a split that cannot be made (e.g. dirichlet min_size unmet).
     """
+    y = _checked_partition_args(labels, num_clients, method, seed)
+    rng = np.random.default_rng(seed)
+    if method == "iid":
+        return _iid(y, num_clients, rng)
+    if method == "dirichlet":
+        alpha, min_size = _dirichlet_options(alpha, min_size, len(y), num_clients)
+        return _dirichlet(y, num_clients, rng, alpha, min_size)
+    if method == "shards":
+        return _shards(y, num_clients, rng, _checked_classes_per_client(y, classes_per_client))
+    if not _is_real(sigma) or sigma < 0:
+        raise ConfigError(f"sigma must be a finite number >= 0, got {sigma!r}")
+    return _quantity(y, num_clients, rng, float(sigma))
+
+
+def _checked_partition_args(labels, num_clients, method: str, seed) -> np.ndarray:
+    """partition's labels as an int64 array, after checking the method, the client count
+    and the seed."""
     if method not in PARTITIONERS:
         raise ConfigError(
             f"unknown partition method {method!r}; choose one of {', '.join(PARTITIONERS)}"
@@ -269,34 +286,35 @@ def partition(
         )
     if not _is_int(seed) or seed < 0:
         raise ConfigError(f"seed must be a non-negative integer, got {seed!r}")
-    rng = np.random.default_rng(seed)
-    if method == "iid":
-        return _iid(y, num_clients, rng)
-    if method == "dirichlet":
-        if not _is_real(alpha) or alpha <= 0:
-            raise ConfigError(
-                f"alpha must be a finite number > 0, got {alpha!r}; small alpha (e.g. 0.1) "
-                "gives strong label skew, large alpha (e.g. 100) nearly iid"
-            )
-        if min_size is None:
-            min_size = max(1, min(10, n // (2 * num_clients)))
-        if not _is_int(min_size) or not 0 <= min_size <= n // num_clients:
-            raise ConfigError(
-                f"min_size must be an integer between 0 and n / num_clients = "
-                f"{n // num_clients}, got {min_size!r}"
-            )
-        return _dirichlet(y, num_clients, rng, float(alpha), int(min_size))
-    if method == "shards":
-        n_classes = len(np.unique(y))
-        if not _is_int(classes_per_client) or not 1 <= classes_per_client <= n_classes:
-            raise ConfigError(
-                f"classes_per_client must be an integer between 1 and the number of classes "
-                f"({n_classes}), got {classes_per_client!r}"
-            )
-        return _shards(y, num_clients, rng, int(classes_per_client))
-    if not _is_real(sigma) or sigma < 0:
-        raise ConfigError(f"sigma must be a finite number >= 0, got {sigma!r}")
-    return _quantity(y, num_clients, rng, float(sigma))
+    return y
+
+
+def _dirichlet_options(alpha, min_size, n: int, num_clients: int) -> tuple[float, int]:
+    """The dirichlet split's alpha and min_size, checked (min_size's default filled in)."""
+    if not _is_real(alpha) or alpha <= 0:
+        raise ConfigError(
+            f"alpha must be a finite number > 0, got {alpha!r}; small alpha (e.g. 0.1) "
+            "gives strong label skew, large alpha (e.g. 100) nearly iid"
+        )
+    if min_size is None:
+        min_size = max(1, min(10, n // (2 * num_clients)))
+    if not _is_int(min_size) or not 0 <= min_size <= n // num_clients:
+        raise ConfigError(
+            f"min_size must be an integer between 0 and n / num_clients = "
+            f"{n // num_clients}, got {min_size!r}"
+        )
+    return float(alpha), int(min_size)
+
+
+def _checked_classes_per_client(y: np.ndarray, classes_per_client) -> int:
+    """The shards split's classes per client, checked against the classes present."""
+    n_classes = len(np.unique(y))
+    if not _is_int(classes_per_client) or not 1 <= classes_per_client <= n_classes:
+        raise ConfigError(
+            f"classes_per_client must be an integer between 1 and the number of classes "
+            f"({n_classes}), got {classes_per_client!r}"
+        )
+    return int(classes_per_client)
 
 
 def partition_given(client_ids) -> list[np.ndarray]:

@@ -187,19 +187,11 @@ def _warn_unseen_test_labels(
 
 
 def _split(
-    x_train,
-    y_train,
-    x_test,
-    y_test,
-    client_train,
-    *,
-    num_classes: int | None,
-    scaling: str,
-    name: str,
-    source: dict,
-    what: str,
+    arrays: tuple, *, num_classes: int | None, scaling: str, name: str, source: dict, what: str
 ) -> DatasetSplit:
-    """Check the arrays and build the ``DatasetSplit``; ``what`` opens the description."""
+    """Check the arrays and build the ``DatasetSplit``; ``arrays`` = (x_train, y_train,
+    x_test, y_test, client_train or None); ``what`` opens the description."""
+    x_train, y_train, x_test, y_test, client_train = arrays
     scaling = _check_scaling(scaling)
     if num_classes is not None and (
         isinstance(num_classes, bool)
@@ -210,36 +202,8 @@ def _split(
             f"num_classes must be an integer >= 2, got {num_classes!r}; or leave it out to "
             "use the largest label + 1"
         )
-    Xtr = _features(_numpy(x_train, "x_train"), "x_train")
-    Xte = _features(_numpy(x_test, "x_test"), "x_test")
-    ytr = _labels(_numpy(y_train, "y_train"), "y_train")
-    yte = _labels(_numpy(y_test, "y_test"), "y_test")
-    for part, X, y in (("train", Xtr, ytr), ("test", Xte, yte)):
-        if len(X) != len(y):
-            raise DataError(
-                f"x_{part} has {len(X)} rows but y_{part} has {len(y)} labels; give exactly "
-                "one label per example"
-            )
-    if Xtr.shape[1:] != Xte.shape[1:]:
-        raise DataError(
-            f"x_train has features of shape {Xtr.shape[1:]} but x_test has {Xte.shape[1:]}; "
-            "train and test examples must have the same shape"
-        )
-    top = int(max(ytr.max(), yte.max()))
-    if num_classes is None:
-        if top == 0:
-            raise DataError(
-                "y_train and y_test hold only label 0, one class; a classifier needs at least "
-                "2 (pass num_classes if the data has classes absent from these sets)"
-            )
-        num_classes = top + 1
-    num_classes = int(num_classes)
-    for label_name, y in (("y_train", ytr), ("y_test", yte)):
-        if y.max() >= num_classes:
-            raise DataError(
-                f"{label_name} holds label {int(y.max())}, out of range for num_classes="
-                f"{num_classes}; labels must be 0 .. {num_classes - 1}, or raise num_classes"
-            )
+    Xtr, ytr, Xte, yte = _checked_arrays(x_train, y_train, x_test, y_test)
+    num_classes = _class_count(ytr, yte, num_classes)
     _warn_unseen_test_labels(ytr, yte, num_classes, name)
     clients = None
     if client_train is not None:
@@ -271,6 +235,48 @@ def _split(
         client_train=clients,
         source=source,
     )
+
+
+def _checked_arrays(x_train, y_train, x_test, y_test) -> tuple:
+    """The features (float32) and labels (int64) as numpy arrays, checked: one label per
+    example, and the same example shape in train and test."""
+    Xtr = _features(_numpy(x_train, "x_train"), "x_train")
+    Xte = _features(_numpy(x_test, "x_test"), "x_test")
+    ytr = _labels(_numpy(y_train, "y_train"), "y_train")
+    yte = _labels(_numpy(y_test, "y_test"), "y_test")
+    for part, X, y in (("train", Xtr, ytr), ("test", Xte, yte)):
+        if len(X) != len(y):
+            raise DataError(
+                f"x_{part} has {len(X)} rows but y_{part} has {len(y)} labels; give exactly "
+                "one label per example"
+            )
+    if Xtr.shape[1:] != Xte.shape[1:]:
+        raise DataError(
+            f"x_train has features of shape {Xtr.shape[1:]} but x_test has {Xte.shape[1:]}; "
+            "train and test examples must have the same shape"
+        )
+    return Xtr, ytr, Xte, yte
+
+
+def _class_count(ytr: np.ndarray, yte: np.ndarray, num_classes: int | None) -> int:
+    """The class count: ``num_classes``, or the largest label + 1; every label must be
+    below it."""
+    top = int(max(ytr.max(), yte.max()))
+    if num_classes is None:
+        if top == 0:
+            raise DataError(
+                "y_train and y_test hold only label 0, one class; a classifier needs at least "
+                "2 (pass num_classes if the data has classes absent from these sets)"
+            )
+        num_classes = top + 1
+    num_classes = int(num_classes)
+    for label_name, y in (("y_train", ytr), ("y_test", yte)):
+        if y.max() >= num_classes:
+            raise DataError(
+                f"{label_name} holds label {int(y.max())}, out of range for num_classes="
+                f"{num_classes}; labels must be 0 .. {num_classes - 1}, or raise num_classes"
+            )
+    return num_classes
 
 
 # ---------------------------------------------------------------- .npz files
@@ -461,11 +467,13 @@ def load_npz(
         arrays = {k: _npz_array(npz, k, path) for k in _inspect(npz, path)}
     absolute = str(p.resolve())
     return _split(
-        arrays["x_train"],
-        arrays["y_train"],
-        arrays["x_test"],
-        arrays["y_test"],
-        arrays.get("client_train"),
+        (
+            arrays["x_train"],
+            arrays["y_train"],
+            arrays["x_test"],
+            arrays["y_test"],
+            arrays.get("client_train"),
+        ),
         num_classes=num_classes,
         scaling=scaling,
         name=os.fspath(path),
@@ -509,11 +517,7 @@ def from_tensors(
         result may share memory with float32 CPU inputs when ``scaling="none"``.
     """
     return _split(
-        x_train,
-        y_train,
-        x_test,
-        y_test,
-        client_train,
+        (x_train, y_train, x_test, y_test, client_train),
         num_classes=num_classes,
         scaling=scaling,
         name=name,
