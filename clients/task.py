@@ -83,7 +83,7 @@ def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[di
     """Client ``c``'s reply from an update of M clients (on the CPU: `moved`): its arrays
     (the layout's ``up``: positions, and the momentum or the local gradient where the
     algorithm sends them), and its n_c, gradient evaluations and health numbers."""
-    M = int(update.position.shape[1])
+    M = int(getattr(update, up[0]).shape[1])
     values = {"num-examples": n_c, "grad-evals": int(update.grad_evals) // M}
     if update.energy is not None:
         values["energy"] = float(update.energy[:, c].max())
@@ -133,7 +133,7 @@ def local_update(
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     seeds = torch.tensor([seed], device=cfg.device)
     algorithm = wire.algorithm_entry(config).module
-    last = (cfg, partition_id, seed, _run_settings(config))
+    last = (cfg, partition_id, seed, _run_settings(config, algorithm))
     kept = algorithm.kept_by_client(message, _LAST.pop(last, {}))
     update = algorithm.client_update(message, target, settings, seeds, **kept)
     keeps = algorithm.client_keeps(message, update)
@@ -143,9 +143,10 @@ def local_update(
     return _reply(moved(update, "cpu"), up, algorithm, 0, n_c)
 
 
-def _run_settings(config: dict) -> tuple:
-    """A round's settings without what changes from round to round."""
-    per_round = ("round", "round-seed", "anchor-round", "round-clients")
+def _run_settings(config: dict, algorithm) -> tuple:
+    """A round's settings without what changes from round to round (the round, its seed
+    and clients, and the scalars the algorithm's messages carry)."""
+    per_round = ("round", "round-seed", "round-clients", *getattr(algorithm, "MESSAGE_VALUES", {}))
     return tuple(sorted((k, str(v)) for k, v in config.items() if k not in per_round))
 
 

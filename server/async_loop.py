@@ -59,7 +59,7 @@ class AsyncServer:
         self.dtype = torch_dtype(cfg)
         self.device = theta0.device
         self.num_total = sum(n for _, n in sizes.values())
-        settings = registry.entry(cfg.algorithm).settings(cfg)
+        settings = registry.entry(cfg.algorithm).build_settings(cfg)
         self.chains = [
             AsyncChain(theta0[s], settings, cfg.seed, s, snapshot_every=cfg.local_steps)
             for s in range(cfg.chains)

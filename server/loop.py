@@ -286,11 +286,12 @@ class RoundServer:
             return None, None, None
         update = stack_updates([a[2] for a in accepted])
         weights = torch.tensor([a[1] for a in accepted], dtype=torch.float64, device=self.device)
-        replied = None
-        if message.client_ids is not None:  # positions in partition order, not partition ids
-            order = {self.sizes[nid][0]: i for i, nid in enumerate(self.by_partition)}
-            got = {order[a[0]] for a in accepted}
-            replied = torch.tensor([int(c) in got for c in message.client_ids], device=self.device)
+        # The mask of the round's clients (the drawn ones, or all) that replied, by their
+        # positions in partition order (not partition ids).
+        order = {self.sizes[nid][0]: i for i, nid in enumerate(self.by_partition)}
+        got = {order[a[0]] for a in accepted}
+        sent = range(len(order)) if message.client_ids is None else message.client_ids.tolist()
+        replied = torch.tensor([int(c) in got for c in sent], device=self.device)
         return update, weights, replied
 
     def state_dict(self) -> dict:

@@ -147,6 +147,8 @@ class Option:
     def refusal(self, value) -> str | None:
         """Why ``value`` is not allowed, in one line, or None."""
         bad = f"{self.flag} must be {self.rule()}, got {value!r}"
+        if value is None and self.default is None:  # unset where unset is allowed
+            return None
         if self.type is bool:
             return None if isinstance(value, bool) else bad
         if self.type is str:

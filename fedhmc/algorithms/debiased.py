@@ -204,7 +204,7 @@ def server_update(
     ), info
 
 
-def kept_by_server(state: State) -> dict:
+def kept_by_server(state: State, message: Broadcast) -> dict:
     """The batched clients' local gradients at θ_a, as their last updates carried them."""
     return {"anchor_local": state.anchor_local}
 

@@ -736,7 +736,7 @@ def skip(state, settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def kept_by_server(state: State) -> dict:
+def kept_by_server(state: State, message: Broadcast) -> dict:
     """FA-HMC's clients keep nothing between rounds."""
     return {}
 

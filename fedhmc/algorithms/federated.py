@@ -14,8 +14,8 @@ settings)``
                                                 `Coefficients` (the rule for failed clients)
 ``skip(state, settings)``                       a round in which no reply arrived
 ``layout(settings, round_)``                    the arrays of the round's message and replies
-``kept_by_server(state)``                       what the batched clients kept, as the state
-                                                holds it (keyword arguments of
+``kept_by_server(state, message)``              what the round's batched clients kept, as
+                                                the state holds it (keyword arguments of
                                                 ``client_update``)
 ``client_keeps(message, update)``               what one client process keeps of a round
 ``kept_by_client(message, kept)``               what it kept of its last round, as keyword
@@ -170,6 +170,6 @@ def step(algorithm: ModuleType, seed: int, state, target, settings):
     message = algorithm.broadcast(seed, state, settings, target.weights)
     computing, seeds = round_clients(seed, message, target)
     update = algorithm.client_update(
-        message, computing, settings, seeds, **algorithm.kept_by_server(state)
+        message, computing, settings, seeds, **algorithm.kept_by_server(state, message)
     )
     return finish(algorithm, state, settings, message, update, target.weights)

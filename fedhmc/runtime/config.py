@@ -974,7 +974,7 @@ class RunConfig:
     def _check_sampler_options(self, algo: registry.Entry) -> None:
         """The options the sampler declares: one given that it does not declare is refused,
         naming its own options; its Settings check the values."""
-        own = set(algo.field_names)
+        own = set(algo.field_names) - set(dict(algo.fixed))
         for name, _ in self.options:
             if name not in own:
                 flag = "--" + name.replace("_", "-")
@@ -1268,6 +1268,28 @@ class RunConfig:
 
         stamp = time.strftime("%Y%m%d-%H%M%S")
         return os.path.join("runs", f"{stamp}-{self.dataset}")
+
+
+_DATACLASS_INIT = RunConfig.__init__
+
+
+def _init(self, *args, **kwargs) -> None:
+    """RunConfig's ``__init__``: its fields, and the options a sampler declares given by
+    name (``RunConfig(algorithm="qlsd", quantization_levels=4)``) into ``options``."""
+    own = RunConfig.__dataclass_fields__
+    declared = {k: kwargs.pop(k) for k in list(kwargs) if k not in own}
+    if declared:
+        known = sampler_options()
+        unknown = [k for k in declared if k not in known]
+        if unknown:
+            raise TypeError(f"RunConfig got an unexpected keyword argument {unknown[0]!r}")
+        options = dict(kwargs.get("options", ()))
+        options.update({k: known[k].parse(v) for k, v in declared.items() if v is not None})
+        kwargs["options"] = tuple(sorted(options.items()))
+    _DATACLASS_INIT(self, *args, **kwargs)
+
+
+RunConfig.__init__ = _init
 
 
 def _shown(value) -> str:

@@ -47,7 +47,7 @@ ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
 
 def sampler_settings(cfg: RunConfig):
     """The Settings of the algorithm a resolved config runs (its registry entry's)."""
-    return registry.entry(cfg.algorithm).settings(cfg)
+    return registry.entry(cfg.algorithm).build_settings(cfg)
 
 
 def is_collect_round(cfg: RunConfig, round_: int) -> bool:

@@ -409,7 +409,7 @@ def bytes_per_round(
         return 0, 0
     itemsize = 8 if cfg.dtype == "float64" else 4
     clients = cfg.num_clients if clients is None else clients  # the round's, if drawn
-    layout = algo.module.layout(algo.settings(cfg), round_)
+    layout = algo.module.layout(algo.build_settings(cfg), round_)
     return layout.bytes(clients, cfg.chains, dim, itemsize)
 
 

@@ -64,6 +64,10 @@ def broadcast(seed, state, settings, weights=None):
     return Broadcast(round=r, round_seed=federated.round_seed(seed, r), position=state.position)
 
 
+MESSAGE = {"theta": "position"}  # the message's arrays by wire name
+REPLY = {"theta": "position"}  # the reply's
+
+
 def layout(settings, round_):
     return federated.Layout(("position",), ("position",))
 
@@ -87,7 +91,7 @@ def server_update(state, update, how, settings):
     return State(average(update.position, how), state.round + 1), round_info(update)
 
 
-def kept_by_server(state):
+def kept_by_server(state, message):
     return {}
 
 
