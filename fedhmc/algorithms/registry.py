@@ -260,6 +260,30 @@ def _asynchronous(method: str) -> Entry:
     )
 
 
+_QLSD = (
+    ("qlsd", "plain", "QLSD: clients send quantised gradients, the server takes the Langevin step"),
+    ("qlsd-star", "star", "QLSD*: QLSD with a control variate at the chain's start"),
+    ("qlsd-pp", "pp", "QLSD++: QLSD with a refreshed control variate and a memory"),
+)
+
+
+def _qlsd(name: str, variant: str, summary: str) -> Entry:
+    """QLSD's variant ``variant`` (``fedhmc.algorithms.qlsd``): its options are its own."""
+    fixed = (("variant", variant),)
+    if variant != "pp":
+        fixed += (("reference_refresh", 10),)
+    return Entry(
+        name,
+        module_path="fedhmc.algorithms.qlsd",
+        settings=None,
+        summary=summary,
+        euler=True,
+        partial_participation=True,
+        no_partial_reason="",
+        fixed=fixed,
+    )
+
+
 BUILTIN: tuple[Entry, ...] = (
     Entry(
         "fahmc",
@@ -280,6 +304,7 @@ BUILTIN: tuple[Entry, ...] = (
     ),
     *(_pooled(method) for method in ("sghmc", "sgld")),
     *(_asynchronous(method) for method in ("sghmc", "sgld")),
+    *(_qlsd(name, variant, summary) for name, variant, summary in _QLSD),
 )
 
 PLUGIN_GROUP = "fedhmc.algorithms"

@@ -34,6 +34,9 @@ STREAM_MHMC_JITTER = 43
 # Shared-memory delayed SGLD (fedhmc.algorithms.delayed)
 STREAM_DELAYED_NOISE = 51
 STREAM_DELAYED_BATCH = 52
+# QLSD (fedhmc.algorithms.qlsd)
+STREAM_QLSD_QUANT = 61  # a client's quantisation draws
+STREAM_QLSD_NOISE = 62  # the server's Langevin noise
 
 
 def table() -> dict[str, int]:

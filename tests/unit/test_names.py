@@ -8,6 +8,8 @@ import json
 
 import pytest
 
+from fedhmc.algorithms import registry
+from fedhmc.cli.options import shared_help
 from fedhmc.runtime.config import ALGORITHMS, RunConfig, step_size_meaning, step_size_symbol
 from fedhmc.sweep.grid import cell_id
 
@@ -15,6 +17,12 @@ from fedhmc.sweep.grid import cell_id
 @pytest.mark.parametrize("algorithm", ALGORITHMS)
 def test_every_algorithm_has_one_step_size_meaning(algorithm):
     symbol = step_size_symbol(algorithm)
+    e = registry.entry(algorithm)
+    if e.declares_options:  # its own Settings say what its step is, and the option's help
+        (option,) = [o for o in e.options if o.name == "step_size"]
+        assert symbol == "step" and step_size_meaning(algorithm) == option.help
+        assert algorithm in shared_help("step_size")
+        return
     euler = algorithm in ("sghmc", "sgld", "async-sghmc", "async-sgld")
     assert symbol == ("h" if euler else "eta")
     assert step_size_meaning(algorithm).startswith("h," if euler else "η,")
