@@ -47,13 +47,8 @@ def fahmc_gaussian_stationary(
         debiased AR(2), α is the spectral radius of its companion matrix.
     """
     alpha, alpha_a, beta, gamma = _round_map(
-        means,
-        variances,
-        weights,
-        step_size,
-        leapfrog_steps,
-        local_steps,
-        rho,
+        (means, variances, weights),
+        (step_size, leapfrog_steps, local_steps, rho),
         grad_noise,
         temperature,
         debiased,
@@ -96,13 +91,8 @@ def fahmc_gaussian_transient(
         Arrays of shape (rounds,).
     """
     alpha, _, beta, gamma = _round_map(
-        means,
-        variances,
-        weights,
-        step_size,
-        leapfrog_steps,
-        local_steps,
-        rho,
+        (means, variances, weights),
+        (step_size, leapfrog_steps, local_steps, rho),
         grad_noise,
         temperature,
         False,
@@ -116,26 +106,37 @@ def fahmc_gaussian_transient(
 
 
 def _round_map(
-    means,
-    variances,
-    weights,
-    step_size,
-    leapfrog_steps,
-    local_steps,
-    rho,
-    grad_noise,
-    temperature,
-    debiased,
+    target: tuple, sampler: tuple, grad_noise, temperature, debiased
 ) -> tuple[float, float, float, float]:
-    """(α, α_a, β, γ) of one round: θ̄_r = α θ̄_{r−1} + α_a θ_a + β + N(0, γ) per coordinate."""
+    """(α, α_a, β, γ) of one round: θ̄_r = α θ̄_{r−1} + α_a θ_a + β + N(0, γ) per coordinate.
+    ``target`` = (means, variances, weights) of the clients; ``sampler`` = (step size, K,
+    T, ρ)."""
+    means, variances, weights = target
+    step_size, leapfrog_steps, local_steps, rho = sampler
     mu = np.asarray(means, dtype=float)
     a = 1.0 / (np.asarray(variances, dtype=float) * temperature)
     w = np.asarray(weights, dtype=float)
     w = w / w.sum()
     sig = grad_noise / temperature
     eta, K = float(step_size), int(leapfrog_steps)
+    anchor = (float(w @ a), float(w @ (a * mu))) if debiased else None
+    coef = _leapfrog_coefficients(mu, a, (eta, K, sig), anchor)
+
+    def one_round(m0: float, ma: float, v0: float) -> tuple[float, float]:
+        return _one_round(coef, w, (local_steps, rho), (m0, ma, v0))
+
+    beta, gamma = one_round(0.0, 0.0, 0.0)
+    alpha = one_round(1.0, 0.0, 0.0)[0] - beta
+    alpha_a = one_round(0.0, 1.0, 0.0)[0] - beta if debiased else 0.0
+    return alpha, alpha_a, beta, gamma
+
+
+def _leapfrog_coefficients(mu, a, eta_k_sig: tuple, anchor: tuple | None) -> tuple:
+    """Each client's K leapfrog steps from (θ0, p0) as affine forms: (A, B, C, E, V), client
+    by client, with θ_K = A θ0 + B p0 + C + E θ_a + noise of variance V. ``anchor`` =
+    (ā, Σ w_j a_j μ_j) for debiased FA-HMC, None for plain FA-HMC."""
+    eta, K, sig = eta_k_sig
     N = mu.shape[0]
-    a_bar, amu_bar = float(w @ a), float(w @ (a * mu))
     A, B, C, E, V = (np.empty(N) for _ in range(5))
     for c in range(N):
         # Affine forms over the basis [θ0, p0, 1, θ_a, ε_0 … ε_K].
@@ -147,9 +148,9 @@ def _round_map(
 
         def grad(theta, k, c=c):
             g = a[c] * theta
-            if debiased:
-                g[2] -= amu_bar
-                g[3] += a_bar - a[c]
+            if anchor is not None:
+                g[2] -= anchor[1]
+                g[3] += anchor[0] - a[c]
             else:
                 g[2] -= a[c] * mu[c]
             g[4 + k] += sig
@@ -163,17 +164,21 @@ def _round_map(
             g = g_next
         A[c], B[c], C[c], E[c] = th[0], th[1], th[2], th[3]
         V[c] = float(np.sum(th[4:] ** 2))
+    return A, B, C, E, V
 
-    def one_round(m0: float, ma: float, v0: float) -> tuple[float, float]:
-        m = np.full(N, m0)
-        cov = np.full((N, N), v0)
-        for _ in range(local_steps):
-            m = A * m + C + E * ma
-            cov = (A[:, None] * cov * A[None, :]) + rho * np.outer(B, B)
-            cov += np.diag((1.0 - rho) * B**2 / w + V)
-        return float(w @ m), float(w @ cov @ w)
 
-    beta, gamma = one_round(0.0, 0.0, 0.0)
-    alpha = one_round(1.0, 0.0, 0.0)[0] - beta
-    alpha_a = one_round(0.0, 1.0, 0.0)[0] - beta if debiased else 0.0
-    return alpha, alpha_a, beta, gamma
+def _one_round(coef: tuple, w, t_rho: tuple, start: tuple) -> tuple[float, float]:
+    """The mean and variance of θ̄ after one round of T local iterations (``t_rho`` = (T,
+    ρ)) from ``start`` = (mean of θ̄, the anchor θ_a, variance of θ̄), with the clients'
+    leapfrog coefficients ``coef`` and weights ``w``."""
+    A, B, C, E, V = coef
+    local_steps, rho = t_rho
+    m0, ma, v0 = start
+    N = A.shape[0]
+    m = np.full(N, m0)
+    cov = np.full((N, N), v0)
+    for _ in range(local_steps):
+        m = A * m + C + E * ma
+        cov = (A[:, None] * cov * A[None, :]) + rho * np.outer(B, B)
+        cov += np.diag((1.0 - rho) * B**2 / w + V)
+    return float(w @ m), float(w @ cov @ w)
