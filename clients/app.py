@@ -59,16 +59,41 @@ def handle(kind: str, msg: Message, context: Context, run_config: dict | None = 
         {k: v.numpy() for k, v in msg.content["arrays"].items()} if "arrays" in msg.content else {}
     )
     config = dict(msg.content["config"]) if "config" in msg.content else {}
+    if kind == "train":  # what this client kept of its last round, from its node state
+        arrays.update(_kept(context))
     try:
         out, metrics = _compute(kind, rc, nc, config, arrays)
     except FedHMCError as e:  # one line here and in the server's log
         log.error("partition %s: %s", nc.get("partition-id"), e)
         code = MODEL_ERROR_CODE if isinstance(e, ModelError) else CLIENT_APP_RAISED_EXCEPTION
         return Message(Error(code=code, reason=str(e)), reply_to=msg)
+    if kind == "train":  # what it keeps of this round stays in its node state, unsent
+        _keep(context, {k: out.pop(k) for k in [k for k in out if k.startswith(KEPT)]})
     content = {"metrics": MetricRecord(dict(metrics))}
     if out or kind != "query":
         content["arrays"] = ArrayRecord({k: Array(v) for k, v in out.items()})
     return Message(RecordDict(content), reply_to=msg)
+
+
+KEPT = "kept/"
+"""The prefix of the arrays that carry what a client keeps between rounds
+(``fedhmc_clients.task.KEPT``): kept in the node's state under ``KEPT_RECORD``."""
+KEPT_RECORD = "fedhmc-kept"
+
+
+def _kept(context: Context) -> dict:
+    """What this node kept of its last round (``KEPT`` arrays), from its state."""
+    record = context.state.get(KEPT_RECORD) if KEPT_RECORD in context.state else None
+    return {} if record is None else {KEPT + k: v.numpy() for k, v in record.items()}
+
+
+def _keep(context: Context, arrays: dict) -> None:
+    """Replace what this node keeps with ``arrays`` (``KEPT`` arrays; none: nothing)."""
+    if KEPT_RECORD in context.state:
+        del context.state[KEPT_RECORD]
+    if arrays:
+        record = ArrayRecord({k[len(KEPT) :]: Array(v) for k, v in arrays.items()})
+        context.state[KEPT_RECORD] = record
 
 
 def _compute(kind: str, rc: dict, nc: dict, config: dict, arrays: dict):

@@ -92,11 +92,39 @@ def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[di
     return wire.encode_reply(update, up, algorithm, c), values
 
 
-# What each client this process computed alone keeps of its last round (its algorithm's
-# ``client_keeps``: debiased FA-HMC's local gradient at the anchor, so the next round need
-# not recompute it; FA-HMC's, nothing), keyed by everything that determines it. A client in
-# a new process, or one that missed a round, recomputes it: the value is the same.
-_LAST: dict[tuple, dict] = {}
+KEPT = "kept/"
+"""The prefix of the arrays that carry what a client keeps between rounds (its algorithm's
+``client_keeps``) between the ClientApp's node state and this module: in a message's arrays
+(what it kept of its last round) and in the reply's (what it keeps of this one; the
+ClientApp stores them in its node state and does not send them)."""
+
+
+def kept_from(arrays: dict, device) -> dict:
+    """What a client kept, from the ``KEPT`` arrays of its message: an integer 0-d array
+    as an int, any other as a tensor on ``device``."""
+    out = {}
+    for key, value in arrays.items():
+        if not key.startswith(KEPT):
+            continue
+        if value.ndim == 0 and value.dtype.kind in "iu":
+            out[key[len(KEPT) :]] = int(value)
+        else:
+            out[key[len(KEPT) :]] = torch.as_tensor(value, device=device)
+    return out
+
+
+def kept_arrays(kept: dict) -> dict:
+    """``kept`` (the algorithm's ``client_keeps``: tensors and ints) as the reply's
+    ``KEPT`` arrays (numpy, on the CPU)."""
+    import numpy as np
+
+    out = {}
+    for key, value in kept.items():
+        if isinstance(value, torch.Tensor):
+            out[KEPT + key] = value.detach().cpu().numpy()
+        elif value is not None:
+            out[KEPT + key] = np.asarray(int(value), dtype=np.int64)
+    return out
 
 
 def local_update(
@@ -113,7 +141,8 @@ def local_update(
     config, arrays
         The round's message: its settings (round, round seed, n, the sampler settings) and
         arrays (θ̄ (S, D) and what the round carries), as ``fedhmc.runtime.wire`` encodes
-        them.
+        them, with what this client kept of its last round (``KEPT`` arrays, from its
+        node state).
     private_seed
         The client's own seed; by default derived from the run seed and the partition id,
         which reproduces the in-process engine.
@@ -122,8 +151,9 @@ def local_update(
     -------
     tuple
         The reply (``_reply``): its arrays (new positions (S, D) of the run's dtype, and what
-        else the algorithm's layout sends up) and its values (n_c, gradient evaluations, the
-        energy and the mean |ΔH| per leapfrog trajectory over the chains).
+        else the algorithm's layout sends up; and the ``KEPT`` arrays, for the node state)
+        and its values (n_c, gradient evaluations, the energy and the mean |ΔH| per
+        leapfrog trajectory over the chains).
     """
     # Every sampler setting travels in the round's settings: the server is authoritative.
     cfg = wire.apply_data(cfg, config)
@@ -133,21 +163,12 @@ def local_update(
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     seeds = torch.tensor([seed], device=cfg.device)
     algorithm = wire.algorithm_entry(config).module
-    last = (cfg, partition_id, seed, _run_settings(config, algorithm))
-    kept = algorithm.kept_by_client(message, _LAST.pop(last, {}))
+    kept = algorithm.kept_by_client(message, kept_from(arrays, cfg.device))
     update = algorithm.client_update(message, target, settings, seeds, **kept)
-    keeps = algorithm.client_keeps(message, update)
-    if keeps:
-        _LAST[last] = keeps
+    keeps = kept_arrays(algorithm.client_keeps(message, update))
     up = algorithm.layout(settings, message.round).up
-    return _reply(moved(update, "cpu"), up, algorithm, 0, n_c)
-
-
-def _run_settings(config: dict, algorithm) -> tuple:
-    """A round's settings without what changes from round to round (the round, its seed
-    and clients, and the scalars the algorithm's messages carry)."""
-    per_round = ("round", "round-seed", "round-clients", *getattr(algorithm, "MESSAGE_VALUES", {}))
-    return tuple(sorted((k, str(v)) for k, v in config.items() if k not in per_round))
+    out, values = _reply(moved(update, "cpu"), up, algorithm, 0, n_c)
+    return {**out, **keeps}, values
 
 
 # A simulation's co-located clients: the last round computed for all of them at once.

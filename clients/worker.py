@@ -37,7 +37,6 @@ import numpy as np
 from fedhmc.errors import FedHMCError
 
 MAX_FRAME = 1 << 31
-REPLY_KEYS = {"theta", "momentum", "grad"}
 
 
 class WarmWorkerError(RuntimeError):
@@ -110,20 +109,24 @@ def call(
 
 
 def validate(kind: str, sent: dict, arrays: dict, metrics) -> None:
-    """A reply's arrays must be the expected keys, float, finite, shaped like θ sent."""
+    """A reply's arrays must be float, finite and shaped like θ sent (the algorithm's
+    reply: its module names them), a train reply's at least one; what the client keeps
+    (``kept/`` arrays, for its node state) may be any finite array."""
     if not isinstance(metrics, dict) or not all(
         isinstance(k, str) and isinstance(v, int | float) for k, v in metrics.items()
     ):
         raise WarmWorkerError(f"worker reply: metrics must map names to numbers, got {metrics!r}")
-    extra = set(arrays) - REPLY_KEYS
-    if extra:
-        raise WarmWorkerError(f"worker reply: unexpected arrays {sorted(extra)}")
+    sends = {k: a for k, a in arrays.items() if not k.startswith("kept/")}
+    for k, a in arrays.items():
+        if k not in sends and (a.dtype.kind not in "fiu" or not np.isfinite(a).all()):
+            raise WarmWorkerError(f"worker reply: {k!r} must be finite numbers")
     if kind in ("train", "grad"):
-        need = "theta" if kind == "train" else "grad"
-        if need not in arrays:
-            raise WarmWorkerError(f"worker reply: missing {need!r}")
+        if kind == "grad" and "grad" not in sends:
+            raise WarmWorkerError("worker reply: missing 'grad'")
+        if not sends:
+            raise WarmWorkerError("worker reply: no arrays")
         shape = sent["theta"].shape
-        for k, a in arrays.items():
+        for k, a in sends.items():
             if a.dtype.kind != "f" or a.shape != shape or not np.isfinite(a).all():
                 raise WarmWorkerError(
                     f"worker reply: {k!r} must be finite floats of shape {shape}, "

@@ -129,6 +129,30 @@ def _samplers(fact) -> str:
     return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
 
 
+SAMPLER_OPTIONS = "sampler-options"
+"""The Flower run-config key of the options a sampler declares itself, as
+``"quantization-levels=4;reference-refresh=3"`` (Flower's run config holds the keys its
+app lists, and a plugin's options are not among them)."""
+
+
+def _parse_sampler_options(text, declared: dict) -> dict:
+    """``"key=value;key=value"`` (``SAMPLER_OPTIONS``) as declared options by field name."""
+    out = {}
+    for part in str(text or "").split(";"):
+        if not part.strip():
+            continue
+        key, sep, value = part.partition("=")
+        name = key.strip().replace("-", "_")
+        if not sep or name not in declared:
+            known = ", ".join(o.key for o in declared.values()) or "none"
+            raise ConfigError(
+                f"{SAMPLER_OPTIONS}: {part.strip()!r} is not KEY=VALUE of a sampler's own "
+                f"option (they are: {known})"
+            )
+        out[name] = declared[name].parse(value.strip())
+    return out
+
+
 @functools.cache
 def sampler_options() -> dict[str, api.Option]:
     """The options that samplers declare in their own Settings and that are not the run's
@@ -559,7 +583,7 @@ class RunConfig:
     def keys() -> list[str]:
         """The kebab-case keys: option names without ``--`` and Flower run-config keys."""
         own = [f.name.replace("_", "-") for f in fields(RunConfig) if f.name != "options"]
-        return own + [o.key for o in sampler_options().values()]
+        return own + [SAMPLER_OPTIONS] + [o.key for o in sampler_options().values()]
 
     @classmethod
     def from_mapping(cls, mapping: dict[str, typing.Any]) -> RunConfig:
@@ -576,6 +600,9 @@ class RunConfig:
         for key, value in mapping.items():
             name = key.replace("-", "_")
             if name in RECORDED_ONLY:
+                continue
+            if key == SAMPLER_OPTIONS:  # Flower's run config: "key=value;key=value"
+                options.update(_parse_sampler_options(value, declared))
                 continue
             if name in declared and name not in by_name:
                 if value is not None and value != "":  # unset: the sampler's default
@@ -610,8 +637,11 @@ class RunConfig:
                 "model='package.module:factory'"
             )
         out = {}
-        for name, v in self._flat().items():
-            out[name.replace("_", "-")] = "" if v is None else v
+        for f in fields(self):
+            if f.name != "options":
+                v = getattr(self, f.name)
+                out[f.name.replace("_", "-")] = "" if v is None else v
+        out[SAMPLER_OPTIONS] = ";".join(f"{k.replace('_', '-')}={v}" for k, v in self.options)
         return out
 
     def to_dict(self) -> dict[str, typing.Any]:

@@ -257,3 +257,45 @@ def test_two_deployments_never_share_a_worker_socket(tmp_path):
     assert socket_of(tmp_path / "a") == a  # the same deployment finds its own again
     assert socket_of(tmp_path / "a", name="client1") != a
     assert len(a) < 100  # within the 108 bytes of a Unix socket path
+
+
+def test_qlsd_pp_in_a_deployment_gives_the_engines_chain(tmp_path):
+    """QLSD++ on two loopback SuperNodes: its own options travel in ``sampler-options``,
+    each client keeps its memory and reference gradient in its node state between rounds
+    (a new ClientApp process or its warm worker computes each round), and the chain is the
+    engine's."""
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.engine import run
+
+    dep = Deployment(tmp_path, num_nodes=2, conn=CONN + "-qlsd")
+    out = tmp_path / "run"
+    settings = dict(dataset="digits", algorithm="qlsd-pp", num_clients=2, rounds=4, chains=2,
+                    batch_size=16, step_size=1e-4, dtype="float64")  # fmt: skip
+    options = "quantization-levels=4;reference-refresh=2"
+    try:
+        dep.setup()
+        dep.start_nodes()
+        run_config = " ".join(
+            [f'{k.replace("_", "-")}="{v}"' if isinstance(v, str) else f"{k.replace('_', '-')}={v}"
+             for k, v in settings.items()]
+            + [f'sampler-options="{options}"', "round-timeout=60", f'out="{out}"']
+        )  # fmt: skip
+        proc = dep.submit(run_config, tmp_path / "flwr.log")
+        proc.wait(timeout=300)
+    finally:
+        left = dep.stop_all()
+    assert not left, f"processes left running: {left}"
+    log = (tmp_path / "flwr.log").read_text()
+    summary = json.loads((out / "summary.json").read_text())
+    assert summary["status"] == "completed", (summary, log[-3000:])
+    recorded = json.loads((out / "config.json").read_text())
+    assert recorded["quantization_levels"] == 4.0 and recorded["reference_refresh"] == 2
+    engine = run(
+        RunConfig(**settings, quantization_levels=4, reference_refresh=2, out=str(tmp_path / "e")),
+        progress=False,
+    )
+    with open(out / "metrics.csv", newline="") as f:
+        deployed = list(csv.DictReader(f))
+    for a, b in zip(engine.history, deployed, strict=True):
+        for k in ("accuracy", "nll_mean", "grad_evals", "clients"):
+            assert float(b[k]) == pytest.approx(float(a[k]), rel=1e-9, abs=1e-12), k

@@ -26,7 +26,7 @@ from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply
 from fedhmc.errors import FedHMCError
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import RunConfig, sampler_options
 from fedhmc.runtime.engine import run, sampler_settings
 from fedhmc.runtime.problem import build_problem
 
@@ -132,10 +132,7 @@ def test_debiased_flower_apps_equal_the_engine(tmp_path, anchor_batch):
     engine = run(cfg, progress=False)
     flower, grid = run_grid(cfg.replace(out=str(tmp_path / "df")))
     assert_same_run(engine, flower)
-    # The stateless path: a client that lost its cache recomputes ∇f^(c)(θ_a) exactly.
-    from fedhmc_clients import task
-
-    task._LAST.clear()
+    # The stateless path: a client that lost its node state recomputes ∇f^(c)(θ_a) exactly.
     cold, _ = run_grid(
         cfg.replace(out=str(tmp_path / "dc")),
         client_app=_forgetful_client_app(),
@@ -149,14 +146,15 @@ def test_debiased_flower_apps_equal_the_engine(tmp_path, anchor_batch):
 
 
 def _forgetful_client_app():
-    """A ClientApp whose process forgets everything between messages, like a deployed
-    SuperNode that starts a new ClientApp process per message."""
-    from fedhmc_clients import task
+    """A ClientApp whose node forgets what it kept between messages (a SuperNode that
+    restarted)."""
+    from fedhmc_clients.app import KEPT_RECORD
 
     inner = make_client_app()
 
     def app(msg, context):
-        task._LAST.clear()
+        if KEPT_RECORD in context.state:
+            del context.state[KEPT_RECORD]
         return inner(msg, context)
 
     return app
@@ -472,7 +470,8 @@ def test_waiting_for_clients_has_a_deadline(tmp_path):
 
 def test_pyproject_run_config_is_the_run_config():
     flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    assert set(flwr["config"]) == set(RunConfig.keys())
+    declared = {o.key for o in sampler_options().values()}  # (in "sampler-options")
+    assert set(flwr["config"]) == set(RunConfig.keys()) - declared
     assert RunConfig.from_mapping(flwr["config"]) == RunConfig()
     assert flwr["components"] == {
         "serverapp": "fedhmc_server.app:app",

@@ -166,8 +166,22 @@ def test_flower_apps_equal_the_engine(tmp_path, algorithm):
         cfg = cfg.replace(reference_refresh=3)
     engine = run(cfg, progress=False)
     flower_cfg = cfg.replace(out=str(tmp_path / "f"))
-    grid = InProcessGrid(make_client_app(), cfg.num_clients, flower_cfg.to_run_config())
+    inner, replies, kept = make_client_app(), [], []
+
+    def app(msg, context):  # what each reply carries, and what each node keeps
+        reply = inner(msg, context)
+        if reply.has_content() and "arrays" in reply.content:
+            replies.append(set(reply.content["arrays"]))
+        kept.append(set(context.state.get("fedhmc-kept", {})))
+        return reply
+
+    grid = InProcessGrid(app, cfg.num_clients, flower_cfg.to_run_config())
     flower = serve(grid, flower_cfg)
+    # The reply carries Δ_c alone; QLSD++'s memory and the reference gradient stay in the
+    # node's state.
+    assert {frozenset(r) for r in replies} == {frozenset({"delta"})}
+    want = {"qlsd": set(), "qlsd-star": {"reference_grad", "reference_round"}}
+    assert kept[-1] == want.get(algorithm, {"memory", "reference_grad", "reference_round"})
     torch.testing.assert_close(flower.theta_bar, engine.theta_bar, rtol=0, atol=1e-9)
     for ra, rb in zip(engine.history, flower.history, strict=True):
         for k in ("w2", "mean_error", "grad_evals", "clients"):
