@@ -138,6 +138,7 @@ class RoundServer:
         """Round ``r``: send, collect, validate, combine."""
         from fedhmc.algorithms import federated
         from fedhmc.runtime.engine import RoundStats
+        from fedhmc.runtime.problem import bits_up_per_round
 
         message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)
         layout = self.algorithm.layout(self.settings, r)  # the arrays down and up
@@ -157,6 +158,7 @@ class RoundServer:
             failed=len(failed),
             bytes_down=sum(_record_bytes(c) for c in content.values()),
             bytes_up=replies.bytes_up,
+            bits_up=bits_up_per_round(self.cfg, self.shape[1], r, len(replies.accepted)),
         )
         if not replies.accepted:
             stats.finite = replies.nonfinite < len(content)  # every client diverged: the chain

@@ -39,7 +39,13 @@ from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import RunWriter, check_metrics_file
-from fedhmc.runtime.problem import Problem, build_problem, bytes_per_round, initial_position
+from fedhmc.runtime.problem import (
+    Problem,
+    bits_up_per_round,
+    build_problem,
+    bytes_per_round,
+    initial_position,
+)
 from fedhmc.runtime.threads import apply_threads, round_work, threads_restored
 
 ROUND_COLUMNS = ("clients", "failed", "bytes_down", "bytes_up")
@@ -106,6 +112,9 @@ class RoundStats:
     bytes_down: int = 0
     bytes_up: int = 0
     energy_error: float | None = None
+    bits_up: int | None = None
+    """The bits the replies really take, where the algorithm compresses them (its module's
+    ``REPLY_BITS``); None otherwise (no ``bits_up`` column)."""
     """Mean |ΔH| per leapfrog trajectory over chains and clients (None where the algorithm
     has no leapfrog trajectories)."""
 
@@ -404,7 +413,8 @@ class _Run:
         theta0 = backend.position
         self.device = theta0.device  # the backend's state's, as θ₀'s
         self.result = RunResult(cfg, theta0)
-        self.columns = (*evaluator.columns, *ROUND_COLUMNS, "energy_error")
+        bits = ("bits_up",) if bits_up_per_round(cfg, about[0], 1, 1) is not None else ()
+        self.columns = (*evaluator.columns, *ROUND_COLUMNS, *bits, "energy_error")
         self.grad_evals, self.wall_before = 0, 0.0
         self.totals = dict.fromkeys(ROUND_COLUMNS, 0)
         self.draws: list[torch.Tensor] = []
@@ -576,8 +586,10 @@ class _Run:
     def _row(self, r: int, metrics: dict, stats: RoundStats) -> dict:
         """metrics.csv's row of round ``r`` (the totals counted)."""
         extra = {k: getattr(stats, k) for k in ROUND_COLUMNS}
-        for k in ROUND_COLUMNS:
-            self.totals[k] += extra[k]
+        if stats.bits_up is not None:  # a compressed reply: the bits it really takes
+            extra["bits_up"] = stats.bits_up
+        for k in extra:
+            self.totals[k] = self.totals.get(k, 0) + extra[k]
         return {
             "round": r,
             **metrics,
@@ -699,6 +711,7 @@ class _Run:
             "bytes_down": self.totals["bytes_down"],
             "bytes_up": self.totals["bytes_up"],
             "bytes_total": self.totals["bytes_down"] + self.totals["bytes_up"],
+            **({"bits_up": self.totals["bits_up"]} if "bits_up" in self.totals else {}),
             "client_failures": self.totals["failed"],
             "dim": dim,
             "num_clients": num_clients,
@@ -890,6 +903,7 @@ class EngineBackend:
             bytes_down=down,
             bytes_up=up,
             energy_error=info.energy_error,
+            bits_up=bits_up_per_round(self.cfg, self.dim, r, info.clients),
         )
 
     def state_dict(self) -> dict:

@@ -413,6 +413,25 @@ def bytes_per_round(
     return layout.bytes(clients, cfg.chains, dim, itemsize)
 
 
+def bits_up_per_round(cfg: RunConfig, dim: int, round_: int, clients: int) -> int | None:
+    """The bits that the replies of ``clients`` clients really take in round ``round_``
+    where the algorithm says its reply arrays are compressed (its module's ``REPLY_BITS``:
+    wire name → ``bits(settings, dim, float_bits)`` per chain), else None (the bytes say
+    it)."""
+    algo = registry.find(cfg.algorithm)
+    declared = getattr(algo.module, "REPLY_BITS", None) if algo.federated else None
+    if not declared:
+        return None
+    settings = algo.build_settings(cfg)
+    float_bits = 64 if cfg.dtype == "float64" else 32
+    by_field = {f: k for k, f in algo.module.REPLY.items()}
+    per_chain = 0
+    for f in algo.module.layout(settings, round_).up:
+        bits = declared.get(by_field[f])
+        per_chain += bits(settings, dim, float_bits) if bits else dim * float_bits
+    return per_chain * cfg.chains * clients
+
+
 def async_worker_target(cfg, partition_id: int, num_total: int | None = None, device="cpu"):
     """What a worker differentiates: (target, n_c), on ``device``.
 

@@ -184,5 +184,5 @@ def test_flower_apps_equal_the_engine(tmp_path, algorithm):
     assert kept[-1] == want.get(algorithm, {"memory", "reference_grad", "reference_round"})
     torch.testing.assert_close(flower.theta_bar, engine.theta_bar, rtol=0, atol=1e-9)
     for ra, rb in zip(engine.history, flower.history, strict=True):
-        for k in ("w2", "mean_error", "grad_evals", "clients"):
+        for k in ("w2", "mean_error", "grad_evals", "clients", "bits_up"):
             assert ra[k] == pytest.approx(rb[k], rel=1e-9, abs=1e-9), k
