@@ -4,6 +4,7 @@ experiment and the paper's reference numbers.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -91,35 +92,43 @@ def summary_table_rows(rows: list[dict], hue: str) -> list[dict]:
     return [{k: r[k] for k in keep if k in r} for r in final]
 
 
-def _data_experiment(
-    name: str,
-    out_dir: Path,
-    base: dict,
-    hue: str,
-    values: list,
-    budget: str,
-    paper: dict | None,
-    title: str,
-    note: str,
-) -> dict:
-    cells = [{hue: v} for v in values]
-    rows = run_experiment_cells(out_dir, base, cells)
-    file = name.replace("-", "_")
+@dataclasses.dataclass(frozen=True)
+class DataExperiment:
+    """A data experiment's preset: its ``name``, the ``base`` settings of every cell, the
+    setting ``hue`` the cells vary and its ``values``, the ``budget`` (quick, reduced,
+    full), the paper's numbers to draw beside (or None), the figure's ``title`` and the
+    summary's ``note``."""
+
+    name: str
+    base: dict
+    hue: str
+    values: list
+    budget: str
+    paper: dict | None
+    title: str
+    note: str
+
+
+def _data_experiment(out_dir: Path, spec: DataExperiment) -> dict:
+    hue = spec.hue
+    cells = [{hue: v} for v in spec.values]
+    rows = run_experiment_cells(out_dir, spec.base, cells)
+    file = spec.name.replace("-", "_")
     _write(out_dir, file, rows, {})
     table = summary_table_rows(rows, hue)
     summary = {
-        "experiment": name,
+        "experiment": spec.name,
         "protocol": ALGORITHM3_AS_PRINTED,
-        "budget": budget,
-        "base": base,
-        "note": note,
-        "paper_200_rounds": paper,
+        "budget": spec.budget,
+        "base": spec.base,
+        "note": spec.note,
+        "paper_200_rounds": spec.paper,
         "rows": table,
     }
     from fedhmc.runtime.output import write_text_atomic
 
     write_text_atomic(out_dir / f"{file}.json", json.dumps(summary, indent=2) + "\n")
-    _metric_panels(rows, hue, title, out_dir / file, paper)
+    _metric_panels(rows, hue, spec.title, out_dir / file, spec.paper)
     return summary
 
 

@@ -21,13 +21,9 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     fedhmc.sweep.cells into ``out_dir/cells/``, resumed when they finished before; each
     row's ME is that of the cell's saved samples against the MHMC reference, and its wall
     time the run's own."""
-    import numpy as np
-
-    from fedhmc.analysis.metrics import marginal_error
     from fedhmc.errors import FedHMCError
     from fedhmc.runtime.config import RunConfig
     from fedhmc.sweep.cells import pending_cells, run_cells
-    from fedhmc.sweep.table import read_csv
 
     budget = "quick" if quick else "full" if full else "reduced"
     etas = {
@@ -36,19 +32,7 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
         "full": [0.002, 0.005, 0.01, 0.02, 0.05, 0.1],
     }[budget]
     rounds, chains = {"quick": (6, 4), "reduced": (20, 8), "full": (200, 8)}[budget]
-    base = {
-        "dataset": "blr-synthetic",
-        "dim": dim,
-        "num-clients": 20,
-        "partition": "iid",
-        "local-steps": 10,
-        "batch-size": 0,
-        "rounds": rounds,
-        "burn-in": rounds // 2,
-        "chains": chains,
-        "seed": seed,
-        "save-samples": True,
-    }
+    base = _blr_eta_base(dim, rounds, chains, seed)
     ref_sizes = {"quick": (4, 100, 50), "reduced": (8, 300, 200), "full": (16, 1000, 1000)}
     rc, rw, rs = ref_sizes[budget]
     from fedhmc_datasets.locate import cache_dir
@@ -60,36 +44,12 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
         samples=rs,
         cache=cache_dir() / "reference",
     )
-    cells = []  # (cell id, settings, the head of its row)
-    for noise in noises:
-        for eta in etas:
-            for algo in ("fahmc", "fald"):
-                fixed = registry.entry(algo).fixed_leapfrog_steps  # FA-LD: K = 1
-                K = max(1, math.floor(math.pi / (3 * eta))) if fixed is None else fixed
-                settings = {**base, "algorithm": algo, "step-size": eta, "grad-noise": noise}
-                if fixed is None:
-                    settings["leapfrog-steps"] = K
-                head = {"algorithm": algo, "grad_noise": noise, "step_size": eta}
-                head["leapfrog_steps"] = K
-                cells.append((f"{algo}-eta{eta:g}-noise{noise:g}", settings, head))
+    cells = _blr_eta_cells(base, etas, noises)
     todo = pending_cells(out_dir, [(cid, s) for cid, s, _ in cells])
     for res in run_cells(out_dir, todo, desc="cells").values():
         if res["status"] == "failed":
             raise FedHMCError(res["error"])
-    rows = []
-    for cid, _, head in cells:
-        cell = out_dir / "cells" / cid
-        samples = torch.as_tensor(np.load(cell / "samples.npy"))
-        final = read_csv(cell / "metrics.csv")[-1]
-        rows.append(
-            {
-                **head,
-                "me": marginal_error(samples.reshape(-1, samples.shape[-1]), reference),
-                "accuracy": final.get("accuracy"),
-                "nll_mean": final.get("nll_mean"),
-                "wall_s": json.loads((cell / "summary.json").read_text())["wall_s"],
-            }
-        )
+    rows = _blr_eta_rows(out_dir, cells, reference)
     summary = {
         "experiment": name,
         "protocol": ALGORITHM3_AS_PRINTED,
@@ -107,6 +67,67 @@ def _blr_eta(name, out_dir, quick, seed, full, dim, noises) -> dict:
     _write(out_dir, file, rows, summary)
     _plot(out_dir / f"{file}.png", summary)
     return summary
+
+
+def _blr_eta_base(dim: int, rounds: int, chains: int, seed: int) -> dict:
+    """The settings every blr-eta cell shares: the simulated BLR over 20 iid clients, T =
+    10, full batch, half the rounds burnt in, the samples saved."""
+    return {
+        "dataset": "blr-synthetic",
+        "dim": dim,
+        "num-clients": 20,
+        "partition": "iid",
+        "local-steps": 10,
+        "batch-size": 0,
+        "rounds": rounds,
+        "burn-in": rounds // 2,
+        "chains": chains,
+        "seed": seed,
+        "save-samples": True,
+    }
+
+
+def _blr_eta_cells(base: dict, etas: list, noises) -> list[tuple[str, dict, dict]]:
+    """The cells (cell id, settings, the head of its row): for each gradient noise, η and
+    algorithm, FA-HMC at K = ⌊π/(3η)⌋ and FA-LD at its fixed K."""
+    cells = []
+    for noise in noises:
+        for eta in etas:
+            for algo in ("fahmc", "fald"):
+                fixed = registry.entry(algo).fixed_leapfrog_steps  # FA-LD: K = 1
+                K = max(1, math.floor(math.pi / (3 * eta))) if fixed is None else fixed
+                settings = {**base, "algorithm": algo, "step-size": eta, "grad-noise": noise}
+                if fixed is None:
+                    settings["leapfrog-steps"] = K
+                head = {"algorithm": algo, "grad_noise": noise, "step_size": eta}
+                head["leapfrog_steps"] = K
+                cells.append((f"{algo}-eta{eta:g}-noise{noise:g}", settings, head))
+    return cells
+
+
+def _blr_eta_rows(out_dir: Path, cells: list, reference) -> list[dict]:
+    """One row per finished cell: its head, the ME of its saved samples against the
+    reference, its final accuracy and NLL, and its wall time."""
+    import numpy as np
+
+    from fedhmc.analysis.metrics import marginal_error
+    from fedhmc.sweep.table import read_csv
+
+    rows = []
+    for cid, _, head in cells:
+        cell = out_dir / "cells" / cid
+        samples = torch.as_tensor(np.load(cell / "samples.npy"))
+        final = read_csv(cell / "metrics.csv")[-1]
+        rows.append(
+            {
+                **head,
+                "me": marginal_error(samples.reshape(-1, samples.shape[-1]), reference),
+                "accuracy": final.get("accuracy"),
+                "nll_mean": final.get("nll_mean"),
+                "wall_s": json.loads((cell / "summary.json").read_text())["wall_s"],
+            }
+        )
+    return rows
 
 
 def _plot(path: Path, summary: dict) -> None:

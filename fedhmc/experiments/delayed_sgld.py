@@ -4,6 +4,7 @@ iterations and wall time, in the three modes (Kungurtsev et al. §3.2).
 
 from __future__ import annotations
 
+import dataclasses
 import multiprocessing as mp
 import multiprocessing.connection
 from pathlib import Path
@@ -62,75 +63,122 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
     """
     import json
 
+    from fedhmc.experiments._common import write_csv
+    from fedhmc.runtime.output import write_text_atomic
+
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     problem = make_regression(1000, degree=4, noise_var=0.1, prior_std=1.0, seed=seed)
     mean, cov = posterior(problem)
     m, L = hessian_eigs(problem)
-    scales = (0.3,) if quick else (0.1, 0.3)
-    chains = 50 if quick else 200
-    total = 400 if quick else 16000
-    points = 10 if quick else 80
-    batch = 32
-    start = "fork" if "fork" in mp.get_all_start_methods() else "spawn"
-    floor, floor_sd = w2_floor(mean, cov, chains, seed=seed)
-    eps = 0.25
+    plan = _DelayedPlan(
+        scales=(0.3,) if quick else (0.1, 0.3),
+        chains=50 if quick else 200,
+        total=400 if quick else 16000,
+        points=10 if quick else 80,
+        start="fork" if "fork" in mp.get_all_start_methods() else "spawn",
+        seed=seed,
+    )
+    floor = w2_floor(mean, cov, plan.chains, seed=seed)
+    curves, rows, extra = _delayed_runs(problem, (mean, cov), L, plan)
+    summary = _delayed_summary(problem, (mean, cov), (m, L), plan, floor)
+    summary.update(rows=rows, runs=extra)
+    write_csv(out_dir / "delayed_sgld.csv", curves)
+    write_text_atomic(out_dir / "delayed_sgld.json", json.dumps(summary, indent=2) + "\n")
+    _plots(out_dir, curves, plan.scales, floor[0], plan.eps)
+    return summary
+
+
+@dataclasses.dataclass(frozen=True)
+class _DelayedPlan:
+    """delayed-sgld's budget: the step scales c (γ = c / L), the chains R, the increments
+    per run, the snapshots per run, the minibatch, the start method, the seed and the W₂
+    threshold ε."""
+
+    scales: tuple
+    chains: int
+    total: int
+    points: int
+    start: str
+    seed: int
+    batch: int = 32
+    eps: float = 0.25
+
+
+def _delayed_runs(problem, post: tuple, L: float, plan: _DelayedPlan):
+    """Every run (step scale, P ∈ {2, 4}, mode): the curve rows (one per snapshot), the
+    table rows (one per run) and each run's start-up time and staleness histogram."""
     curves, rows, extra = [], [], {}
-    for c in scales:
+    for c in plan.scales:
         for P in (2, 4):
-            iters = total // P
+            iters = plan.total // P
             for mode in MODES:
                 s = delayed.Settings(
                     mode=mode,
                     workers=P,
                     iterations=iters,
                     step_size=c / L,
-                    batch_size=batch,
-                    chains=chains,
-                    record_every=max(1, iters // points),
-                    seed=seed,
-                    start_method=start,
+                    batch_size=plan.batch,
+                    chains=plan.chains,
+                    record_every=max(1, iters // plan.points),
+                    seed=plan.seed,
+                    start_method=plan.start,
                     timeout=600.0,
                 )
                 res = run_delayed(problem, s, progress=True)
-                w2 = w2_to(res.snapshots, mean, cov)
-                its = (res.updates.to(torch.float64) / P).tolist()
-                wall = res.wall_s.tolist()
-                snaps = res.snapshots
-                for it, u, t, w, x in zip(its, res.updates.tolist(), wall, w2, snaps, strict=True):
-                    curves.append(
-                        {
-                            "step_scale": c,
-                            "workers": P,
-                            "mode": mode,
-                            "iteration": it,
-                            "updates": u,
-                            "wall_s": t,
-                            "w2": w,
-                            "mean_error": float((x.mean(0) - mean).norm()),
-                        }
-                    )
-                tail = max(1, len(w2) // 4)
-                hit = next((i for i, w in enumerate(w2) if w <= eps), None)
-                info = res.summary()
-                rows.append(
-                    {
-                        "gamma_L": c,
-                        "workers": P,
-                        "mode": mode,
-                        "wall_s": round(res.wall_total_s, 2),
-                        "updates_per_s": round(info["updates"] / res.wall_total_s, 1),
-                        "w2_last25pct": sum(w2[-tail:]) / tail,
-                        "iters_to_eps": None if hit is None else its[hit],
-                        "time_to_eps": None if hit is None else round(wall[hit], 2),
-                        "staleness_mean": round(info["staleness_mean"], 3),
-                    }
-                )
+                row, info = _delayed_run_rows(res, c, post, plan.eps, curves)
+                rows.append(row)
                 extra[f"c={c} {mode} P={P}"] = {
                     "startup_s": info["startup_s"],
                     "staleness_hist": info["staleness_hist"],
                 }
-    summary = {
+    return curves, rows, extra
+
+
+def _delayed_run_rows(res, c: float, post: tuple, eps: float, curves: list) -> tuple:
+    """One run's table row and summary; its curve rows (W₂ and mean error at each snapshot)
+    are appended to ``curves``."""
+    mean, cov = post
+    P, mode = res.settings.workers, res.settings.mode
+    w2 = w2_to(res.snapshots, mean, cov)
+    its = (res.updates.to(torch.float64) / P).tolist()
+    wall = res.wall_s.tolist()
+    snaps = res.snapshots
+    for it, u, t, w, x in zip(its, res.updates.tolist(), wall, w2, snaps, strict=True):
+        curves.append(
+            {
+                "step_scale": c,
+                "workers": P,
+                "mode": mode,
+                "iteration": it,
+                "updates": u,
+                "wall_s": t,
+                "w2": w,
+                "mean_error": float((x.mean(0) - mean).norm()),
+            }
+        )
+    tail = max(1, len(w2) // 4)
+    hit = next((i for i, w in enumerate(w2) if w <= eps), None)
+    info = res.summary()
+    row = {
+        "gamma_L": c,
+        "workers": P,
+        "mode": mode,
+        "wall_s": round(res.wall_total_s, 2),
+        "updates_per_s": round(info["updates"] / res.wall_total_s, 1),
+        "w2_last25pct": sum(w2[-tail:]) / tail,
+        "iters_to_eps": None if hit is None else its[hit],
+        "time_to_eps": None if hit is None else round(wall[hit], 2),
+        "staleness_mean": round(info["staleness_mean"], 3),
+    }
+    return row, info
+
+
+def _delayed_summary(problem, post: tuple, eigs: tuple, plan: _DelayedPlan, floor) -> dict:
+    """delayed-sgld's summary but its rows and runs: the settings, the posterior and the
+    W₂ floor (mean, sd)."""
+    (mean, cov), (m, L) = post, eigs
+    return {
         "experiment": "delayed-sgld",
         "settings": {
             "n": problem.n,
@@ -140,26 +188,17 @@ def delayed_sgld_experiment(out_dir: Path, *, quick: bool = False, seed: int = 0
             "coef": problem.coef.tolist(),
             "hessian_m": m,
             "hessian_L": L,
-            "step_sizes": {str(c): c / L for c in scales},
-            "batch_size": batch,
-            "chains": chains,
-            "increments_per_run": total,
-            "start_method": start,
-            "eps": eps,
+            "step_sizes": {str(c): c / L for c in plan.scales},
+            "batch_size": plan.batch,
+            "chains": plan.chains,
+            "increments_per_run": plan.total,
+            "start_method": plan.start,
+            "eps": plan.eps,
         },
         "posterior_mean": mean.tolist(),
         "posterior_sd": cov.diagonal().sqrt().tolist(),
-        "w2_floor": {"mean": floor, "sd": floor_sd},
-        "rows": rows,
-        "runs": extra,
+        "w2_floor": {"mean": floor[0], "sd": floor[1]},
     }
-    from fedhmc.experiments._common import write_csv
-    from fedhmc.runtime.output import write_text_atomic
-
-    write_csv(out_dir / "delayed_sgld.csv", curves)
-    write_text_atomic(out_dir / "delayed_sgld.json", json.dumps(summary, indent=2) + "\n")
-    _plots(out_dir, curves, scales, floor, eps)
-    return summary
 
 
 def _plots(out_dir: Path, curves: list[dict], scales, floor: float, eps: float) -> None:

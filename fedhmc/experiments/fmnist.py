@@ -4,7 +4,7 @@ run and the MLP preset's shape.
 
 from __future__ import annotations
 
-from fedhmc.experiments._common import _data_experiment
+from fedhmc.experiments._common import DataExperiment, _data_experiment
 
 
 def _fmnist_base(budget: str, T: int, model: str = "logistic", dataset="fashion-mnist") -> dict:
@@ -29,13 +29,15 @@ def _mlp_like(name, dataset, model, out_dir, quick, seed, full) -> dict:
     if budget == "reduced":
         base["rounds"] = 5
     return _data_experiment(
-        name,
         out_dir,
-        base,
-        "leapfrog-steps",
-        Ks,
-        budget,
-        None,
-        f"{dataset} {model}, 10 iid clients, T = {T} ({budget})",
-        f"{budget} budget: T = {T}, {base['rounds']} rounds, K ∈ {Ks}; dataset default η",
+        DataExperiment(
+            name,
+            base,
+            "leapfrog-steps",
+            Ks,
+            budget,
+            None,
+            f"{dataset} {model}, 10 iid clients, T = {T} ({budget})",
+            f"{budget} budget: T = {T}, {base['rounds']} rounds, K ∈ {Ks}; dataset default η",
+        ),
     )

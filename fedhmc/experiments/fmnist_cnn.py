@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhmc.experiments._common import _data_experiment
+from fedhmc.experiments._common import DataExperiment, _data_experiment
 
 STEP_SIZE = 1e-3
 """η of every cell: one round of K = 10, T = 10 at B = 32 reached accuracy 0.69 at 1e-3 (the
@@ -47,14 +47,16 @@ def fmnist_cnn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool 
         "seed": seed,
     }
     return _data_experiment(
-        "fmnist-cnn",
         out_dir,
-        base,
-        "leapfrog-steps",
-        [1, 10],
-        budget,
-        None,
-        f"Fashion-MNIST LeNet-5, 10 iid clients, T = {T}, B = {batch} ({budget})",
-        f"{budget} budget: T = {T}, {rounds} rounds (burn-in {burn_in}), minibatch {batch} per "
-        f"client, K ∈ [1, 10] (K = 1: FA-LD), η = {STEP_SIZE}",
+        DataExperiment(
+            "fmnist-cnn",
+            base,
+            "leapfrog-steps",
+            [1, 10],
+            budget,
+            None,
+            f"Fashion-MNIST LeNet-5, 10 iid clients, T = {T}, B = {batch} ({budget})",
+            f"{budget} budget: T = {T}, {rounds} rounds (burn-in {burn_in}), minibatch {batch} per "
+            f"client, K ∈ [1, 10] (K = 1: FA-LD), η = {STEP_SIZE}",
+        ),
     )

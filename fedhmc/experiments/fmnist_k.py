@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhmc.experiments._common import PAPER_FMNIST, _data_experiment
+from fedhmc.experiments._common import PAPER_FMNIST, DataExperiment, _data_experiment
 from fedhmc.experiments.fmnist import _fmnist_base
 
 
@@ -20,13 +20,15 @@ def fmnist_k(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = 
     Ks = [1, 10] if quick else [1, 10, 50, 100]
     base = {**_fmnist_base(budget, T), "seed": seed}
     return _data_experiment(
-        "fmnist-K",
         out_dir,
-        base,
-        "leapfrog-steps",
-        Ks,
-        budget,
-        PAPER_FMNIST,
-        f"Fashion-MNIST, 10 iid clients, T = {T}, η = 1e-3 ({budget})",
-        f"{budget} budget: T = {T}, {base['rounds']} rounds; η = 1e-3 for every K",
+        DataExperiment(
+            "fmnist-K",
+            base,
+            "leapfrog-steps",
+            Ks,
+            budget,
+            PAPER_FMNIST,
+            f"Fashion-MNIST, 10 iid clients, T = {T}, η = 1e-3 ({budget})",
+            f"{budget} budget: T = {T}, {base['rounds']} rounds; η = 1e-3 for every K",
+        ),
     )

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from fedhmc.experiments._common import PAPER_FMNIST, _data_experiment
+from fedhmc.experiments._common import PAPER_FMNIST, DataExperiment, _data_experiment
 from fedhmc.experiments.fmnist import _fmnist_base
 
 
@@ -19,13 +19,15 @@ def fmnist_t(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = 
     base = {**_fmnist_base(budget, 1), "leapfrog-steps": 10, "seed": seed}
     base.pop("local-steps")
     return _data_experiment(
-        "fmnist-T",
         out_dir,
-        base,
-        "local-steps",
-        Ts,
-        budget,
-        PAPER_FMNIST,
-        f"Fashion-MNIST, 10 iid clients, K = 10, η = 1e-3 ({budget})",
-        f"{budget} budget: {base['rounds']} rounds; η = 1e-3 for every T",
+        DataExperiment(
+            "fmnist-T",
+            base,
+            "local-steps",
+            Ts,
+            budget,
+            PAPER_FMNIST,
+            f"Fashion-MNIST, 10 iid clients, K = 10, η = 1e-3 ({budget})",
+            f"{budget} budget: {base['rounds']} rounds; η = 1e-3 for every T",
+        ),
     )

@@ -402,9 +402,11 @@ def _seed_cells(out_dir: Path, fig: Figure, protocol: str, v: int, sel: dict, se
             yield eta, cids
 
 
-def _row(out_dir, fig, protocol, v, eta, sel, cids, seed, curves) -> dict | None:
-    """The table row of one setting at one η from its seed cells ``cids`` (None when none
-    has completed); the tuned η's cells also add their curves to ``curves``."""
+def _row(out_dir, fig, setting: tuple, at_eta: tuple, sel, seed, curves) -> dict | None:
+    """The table row of one ``setting`` (protocol, value of the figure's axis) at one η
+    from its seed cells (``at_eta`` = (η, cell ids), as _seed_cells gives them; None when
+    none has completed); the tuned η's cells also add their curves to ``curves``."""
+    (protocol, v), (eta, cids) = setting, at_eta
     finals, by_seed, diverged = [], [], 0
     for i, cid in enumerate(cids):
         s = _read_cell(out_dir / "cells" / cid)
@@ -462,8 +464,8 @@ def write_tables(name: str, out_dir: Path, fig: Figure, budget: str, seed: int =
         for v in fig.values:
             sel = select_eta(out_dir, fig, protocol, v)
             tuning[f"{protocol} {fig.axis}={v}"] = sel
-            for eta, cids in _seed_cells(out_dir, fig, protocol, v, sel, seed):
-                row = _row(out_dir, fig, protocol, v, eta, sel, cids, seed, curves)
+            for at_eta in _seed_cells(out_dir, fig, protocol, v, sel, seed):
+                row = _row(out_dir, fig, (protocol, v), at_eta, sel, seed, curves)
                 if row is not None:
                     rows.append(row)
     stem = name.replace("-", "_")

@@ -30,58 +30,21 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     falls about W times faster: a linear speed-up in W.
     """
     from fedhmc.algorithms import stale
-    from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.problem import build_problem
 
     workers = (1, 2, 4) if quick else (1, 2, 4, 8, 16)
     per_worker = 100 if quick else 1000
     burn = 200 if quick else 2000
     chains = 20 if quick else 100
     h = 2e-5
-    cfg = RunConfig(
-        dataset="breast-cancer",
-        algorithm="sgld",
-        batch_size=32,
-        chains=chains,
-        seed=seed,
-        prior_std=0.1,
-    ).resolve()
-    problem = build_problem(cfg)
-    target, model = problem.target, problem.model
-    X_test, y_test = problem.evaluator.X, problem.evaluator.y
-
-    def test_loss(theta: torch.Tensor) -> torch.Tensor:
-        lp = model.log_probs(theta, X_test.to(theta.dtype))  # (S, M, C)
-        return -lp.gather(-1, y_test.view(1, -1, 1).expand(theta.shape[0], -1, 1)).mean((1, 2))
-
+    target, test_loss = _breast_cancer_blr(chains, seed)
     warm = stale.Settings("sgld", h, steps=burn)
     start, _ = stale.step(seed, stale.init(torch.zeros(chains, target.dim), warm), target, warm)
     rows, curves = [], {}
     for W in track(workers, "workers", "W"):
-        settings = stale.Settings("sgld", h, staleness=W - 1)
-        # Continue at Euler step l = burn: one step a round, so as at round burn.
-        state = dataclasses.replace(
-            stale.init(start.position, settings), round=start.round * warm.steps
+        row, curves[W] = _stale_variance_run(
+            W, (start, warm.steps), target, test_loss, (per_worker, chains, h), seed
         )
-        total = torch.zeros(chains, dtype=torch.float64)
-        xs, ys = [], []
-        t0 = time.perf_counter()
-        for step in range(1, W * per_worker + 1):
-            state, _ = stale.step(seed, state, target, settings)
-            total += test_loss(state.position).to(torch.float64)
-            if step % W == 0 and (step // W) % max(1, per_worker // 20) == 0:
-                xs.append(step // W)
-                ys.append(float((total / step).var()))
-        curves[W] = (xs, ys)
-        rows.append(
-            {
-                "workers": W,
-                "staleness": W - 1,
-                "iterations_per_worker": per_worker,
-                "variance": ys[-1],
-                "wall_s": time.perf_counter() - t0,
-            }
-        )
+        rows.append(row)
     base = rows[0]["variance"]
     for r in rows:
         r["variance_ratio_vs_W1"] = base / r["variance"]
@@ -100,6 +63,62 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     write_csv(out_dir / "stale_variance_curves.csv", curve_rows)
     _plot(out_dir / "stale_variance.png", curves)
     return summary
+
+
+def _breast_cancer_blr(chains: int, seed: int):
+    """The pooled breast-cancer BLR (minibatch 32, prior N(0, 0.1² I)) and its test
+    function: the mean test-set logistic loss of each chain's sample, (S, D) → (S,)."""
+    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.problem import build_problem
+
+    cfg = RunConfig(
+        dataset="breast-cancer",
+        algorithm="sgld",
+        batch_size=32,
+        chains=chains,
+        seed=seed,
+        prior_std=0.1,
+    ).resolve()
+    problem = build_problem(cfg)
+    target, model = problem.target, problem.model
+    X_test, y_test = problem.evaluator.X, problem.evaluator.y
+
+    def test_loss(theta: torch.Tensor) -> torch.Tensor:
+        lp = model.log_probs(theta, X_test.to(theta.dtype))  # (S, M, C)
+        return -lp.gather(-1, y_test.view(1, -1, 1).expand(theta.shape[0], -1, 1)).mean((1, 2))
+
+    return target, test_loss
+
+
+def _stale_variance_run(W: int, warm: tuple, target, test_loss, budget: tuple, seed: int):
+    """W workers as one chain with staleness W − 1, continued from ``warm`` = (the state
+    after burn-in, its Euler steps per round) for W · L̄ steps (``budget`` = (L̄, chains,
+    h)); the table row and the variance curve (iterations per worker, variance)."""
+    from fedhmc.algorithms import stale
+
+    (start, warm_steps), (per_worker, chains, h) = warm, budget
+    settings = stale.Settings("sgld", h, staleness=W - 1)
+    # Continue at Euler step l = burn: one step a round, so as at round burn.
+    state = dataclasses.replace(
+        stale.init(start.position, settings), round=start.round * warm_steps
+    )
+    total = torch.zeros(chains, dtype=torch.float64)
+    xs, ys = [], []
+    t0 = time.perf_counter()
+    for step in range(1, W * per_worker + 1):
+        state, _ = stale.step(seed, state, target, settings)
+        total += test_loss(state.position).to(torch.float64)
+        if step % W == 0 and (step // W) % max(1, per_worker // 20) == 0:
+            xs.append(step // W)
+            ys.append(float((total / step).var()))
+    row = {
+        "workers": W,
+        "staleness": W - 1,
+        "iterations_per_worker": per_worker,
+        "variance": ys[-1],
+        "wall_s": time.perf_counter() - t0,
+    }
+    return row, (xs, ys)
 
 
 def _plot(path: Path, curves: dict) -> None:
