@@ -284,6 +284,19 @@ def _qlsd(name: str, variant: str, summary: str) -> Entry:
     )
 
 
+def _dglmc() -> Entry:
+    """DG-LMC (``fedhmc.algorithms.dglmc``): its options are its own; every client takes
+    part in every round (it declares no ``clients_per_round``)."""
+    return Entry(
+        "dglmc",
+        module_path="fedhmc.algorithms.dglmc",
+        settings=None,
+        summary="DG-LMC: clients run Langevin steps on coupled copies, the server draws θ",
+        euler=True,
+        no_partial_reason="",
+    )
+
+
 BUILTIN: tuple[Entry, ...] = (
     Entry(
         "fahmc",
@@ -305,6 +318,7 @@ BUILTIN: tuple[Entry, ...] = (
     *(_pooled(method) for method in ("sghmc", "sgld")),
     *(_asynchronous(method) for method in ("sghmc", "sgld")),
     *(_qlsd(name, variant, summary) for name, variant, summary in _QLSD),
+    _dglmc(),
 )
 
 PLUGIN_GROUP = "fedhmc.algorithms"

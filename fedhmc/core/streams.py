@@ -38,6 +38,10 @@ STREAM_DELAYED_BATCH = 52
 STREAM_QLSD_QUANT = 61  # a client's quantisation draws
 STREAM_QLSD_NOISE = 62  # the server's Langevin noise
 
+# DG-LMC (fedhmc.algorithms.dglmc)
+STREAM_DGLMC_THETA = 71  # the server's draw of θ given the clients' copies
+STREAM_DGLMC_NOISE = 72  # a client's Langevin noise
+
 
 def table() -> dict[str, int]:
     """Every stream id by name."""
