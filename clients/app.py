@@ -41,6 +41,7 @@ from flwr.clientapp import ClientApp
 
 # Flower starts a ClientApp process for every message: what it imports is paid each round.
 # It imports neither PyTorch nor fedhmc.runtime (seconds); the warm worker computes.
+from fedhmc.algorithms.api import KEPT
 from fedhmc.errors import MODEL_ERROR_CODE, FedHMCError, ModelError
 
 log = logging.getLogger("fedhmc.client")
@@ -75,10 +76,8 @@ def handle(kind: str, msg: Message, context: Context, run_config: dict | None = 
     return Message(RecordDict(content), reply_to=msg)
 
 
-KEPT = "kept/"
-"""The prefix of the arrays that carry what a client keeps between rounds
-(``fedhmc_clients.task.KEPT``): kept in the node's state under ``KEPT_RECORD``."""
 KEPT_RECORD = "fedhmc-kept"
+"""The node-state record of what a client keeps between rounds (``KEPT`` arrays)."""
 
 
 def _kept(context: Context) -> dict:

@@ -16,6 +16,7 @@ import dataclasses
 
 import torch
 
+from fedhmc.algorithms.api import KEPT
 from fedhmc.algorithms.federated import client_seed, round_clients, round_seed
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
@@ -90,13 +91,6 @@ def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[di
     if update.energy_error is not None:
         values["energy-error"] = float(update.energy_error[:, c].mean())
     return wire.encode_reply(update, up, algorithm, c), values
-
-
-KEPT = "kept/"
-"""The prefix of the arrays that carry what a client keeps between rounds (its algorithm's
-``client_keeps``) between the ClientApp's node state and this module: in a message's arrays
-(what it kept of its last round) and in the reply's (what it keeps of this one; the
-ClientApp stores them in its node state and does not send them)."""
 
 
 def kept_from(arrays: dict, device) -> dict:

@@ -111,6 +111,7 @@ class RoundServer:
         import torch
 
         from fedhmc.algorithms import registry
+        from fedhmc.runtime.engine import setup_rounds_of
         from fedhmc.runtime.problem import initial_position, torch_dtype
 
         self.cfg, self.exchange = cfg, started.exchange
@@ -127,6 +128,7 @@ class RoundServer:
         self.shape, self.dtype = (cfg.chains, dim), torch_dtype(cfg)
         theta0 = initial_position(model, dim, cfg, device=self.device)
         self.state = self.algorithm.init(theta0, self.settings)
+        self.setup_rounds = setup_rounds_of(self.algorithm, self.settings)
         self.failed_rounds = 0
         self.durations: list[float] = []  # of the complete rounds so far
 

@@ -38,6 +38,7 @@ from dataclasses import dataclass, field
 from fedhmc.errors import ConfigError
 
 __all__ = [
+    "KEPT",
     "RESERVED",
     "SHARED",
     "Option",
@@ -48,6 +49,12 @@ __all__ = [
     "options",
     "to_wire",
 ]
+
+KEPT = "kept/"
+"""The prefix of the arrays that carry what a client keeps between rounds (its sampler's
+``client_keeps``) between a Flower node's state and the client's computation: in a
+message's arrays (what it kept of its last round) and in the reply's (what it keeps of
+this one, stored in the node's state and never sent)."""
 
 SHARED = (
     "step_size",

@@ -318,6 +318,14 @@ BUILTIN: tuple[Entry, ...] = (
     *(_pooled(method) for method in ("sghmc", "sgld")),
     *(_asynchronous(method) for method in ("sghmc", "sgld")),
     *(_qlsd(name, variant, summary) for name, variant, summary in _QLSD),
+    Entry(
+        "fsgld",
+        module_path="fedhmc.algorithms.fsgld",
+        settings=None,
+        summary="FSGLD: one client a round, conducive gradients from Gaussian surrogates",
+        euler=True,
+        no_partial_reason="",  # (it draws one client a round: its module says so)
+    ),
     _dglmc(),
 )
 

@@ -37,6 +37,8 @@ STREAM_DELAYED_BATCH = 52
 # QLSD (fedhmc.algorithms.qlsd)
 STREAM_QLSD_QUANT = 61  # a client's quantisation draws
 STREAM_QLSD_NOISE = 62  # the server's Langevin noise
+# FSGLD (fedhmc.algorithms.fsgld)
+STREAM_FSGLD_NOISE = 81  # a client's Langevin noise (surrogate fits and rounds)
 
 # DG-LMC (fedhmc.algorithms.dglmc)
 STREAM_DGLMC_THETA = 71  # the server's draw of θ given the clients' copies

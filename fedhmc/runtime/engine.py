@@ -94,6 +94,13 @@ def protocol_record(cfg: RunConfig) -> dict:
     return rec
 
 
+def setup_rounds_of(module, settings) -> int:
+    """The rounds of a sampler's set-up phase: its module's ``setup_rounds(settings)``, 0
+    without one."""
+    declared = getattr(module, "setup_rounds", None)
+    return 0 if declared is None else int(declared(settings))
+
+
 def finite_or_none(metrics: dict) -> dict:
     """JSON-safe metrics: non-finite floats become None."""
     return {
@@ -155,6 +162,10 @@ class Backend(Protocol):
         ...
 
     def round(self, r: int) -> RoundStats: ...
+
+    setup_rounds: int
+    """The rounds ``1 − k … 0`` of the sampler's set-up phase (``k``: its module's
+    ``setup_rounds(settings)``, 0 without one), run through ``round`` before round 1."""
 
     def state_dict(self) -> dict | None: ...
 
@@ -496,6 +507,8 @@ class _Run:
     def loop(self) -> RunResult:
         """Rounds ``start`` … ``cfg.rounds``; the summary is written however they end."""
         self.last_checkpoint = time.monotonic()
+        if self.start == 1:
+            self._setup()
         self.writer.write_summary(self._running(self.start - 1))
         self.bar = _progress(self.cfg.rounds, self.progress, initial=self.start - 1)
         try:
@@ -528,6 +541,23 @@ class _Run:
         if self.disk_full is not None:  # the rounds ended, but not their files
             raise RunFailed(self._disk_full())
         return self.result
+
+    def _setup(self) -> None:
+        """The sampler's set-up phase (rounds ``1 − k … 0``, before round 1: QLSD*'s or
+        FSGLD's), through the backend's ``round`` like any round: its gradient evaluations
+        start the run's count, and its bytes join the totals (``setup_*`` in
+        ``summary.json``). It has no metrics row: nothing is sampled yet."""
+        k = int(getattr(self.backend, "setup_rounds", 0))
+        for r in range(1 - k, 1):
+            stats = self.backend.round(r)
+            self.grad_evals += stats.grad_evals
+            if not stats.finite:
+                raise NonFiniteError(f"the sampler's set-up round {r} diverged")
+            for key in ("bytes_down", "bytes_up", "bits_up", "grad_evals"):
+                value = getattr(stats, key)
+                if value is not None:
+                    self.totals["setup_" + key] = self.totals.get("setup_" + key, 0) + value
+            self.totals["setup_rounds"] = k
 
     def _disk_full(self) -> str:
         e = self.disk_full
@@ -710,8 +740,12 @@ class _Run:
             "threads": torch.get_num_threads(),
             "bytes_down": self.totals["bytes_down"],
             "bytes_up": self.totals["bytes_up"],
-            "bytes_total": self.totals["bytes_down"] + self.totals["bytes_up"],
+            "bytes_total": sum(
+                self.totals.get(k, 0)
+                for k in ("bytes_down", "bytes_up", "setup_bytes_down", "setup_bytes_up")
+            ),
             **({"bits_up": self.totals["bits_up"]} if "bits_up" in self.totals else {}),
+            **{k: v for k, v in self.totals.items() if k.startswith("setup_")},
             "client_failures": self.totals["failed"],
             "dim": dim,
             "num_clients": num_clients,
@@ -888,6 +922,7 @@ class EngineBackend:
         self.module, self.settings = registry.algorithm_of(cfg)
         theta0 = initial_position(problem.model, problem.dim, cfg, device=device)
         self.state = self.module.init(theta0, self.settings)
+        self.setup_rounds = setup_rounds_of(self.module, self.settings)
 
     @property
     def position(self) -> torch.Tensor:

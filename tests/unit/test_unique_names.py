@@ -36,6 +36,8 @@ INTERFACE = {
     "REPLY": "a federated algorithm's reply arrays by wire name (fedhmc.algorithms.api)",
     "REPLY_BITS": "the bits a federated algorithm's compressed reply arrays take",
     "Broadcast": "a federated algorithm's round message (the wire builds it by name)",
+    "Combination": "how a federated algorithm's replies combine (its combination's value)",
+    "setup_rounds": "a federated algorithm's set-up phase (fsgld)",
     "ClientUpdate": "a federated algorithm's reply (the wire builds it by name)",
     # The app interface: Flower and the command line look these names up.
     "app": "a Flower ServerApp / ClientApp object (server/app.py, clients/app.py)",
