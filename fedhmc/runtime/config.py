@@ -184,13 +184,43 @@ def sampler_options() -> dict[str, api.Option]:
     return found
 
 
-def own_options_clause(algo: registry.Entry) -> str:
-    """ " (its options: --step-size, --quantization-levels)" for a sampler that declares its
-    options; "" for one whose options are the run's fields."""
-    if not algo.declares_options:
+def own_options_clause(algo: registry.Entry, config: dict | None = None) -> str:
+    """The clause " (its options: --step-size, --quantization-levels)": the options of a
+    sampler that declares them, or of one whose options are the run's fields, those of the
+    run's sampler options that a run ``config`` (a settings dict) would use ("" without
+    one)."""
+    if algo.declares_options:
+        names = [n for n in algo.field_names if n not in dict(algo.fixed)]
+    elif config is not None:
+        names = [n for n in _builtin_options(algo) if n not in unused_settings(config)]
+    else:
         return ""
-    flags = ["--" + n.replace("_", "-") for n in algo.field_names if n not in dict(algo.fixed)]
+    flags = ["--" + n.replace("_", "-") for n in names]
     return f" (its options: {', '.join(flags)})" if flags else " (it has no options)"
+
+
+def _builtin_options(algo: registry.Entry) -> list[str]:
+    """The run's sampler options that a built-in sampler (its options the run's fields)
+    uses, from its registry entry's facts."""
+    facts = [
+        ("step_size", True),
+        ("local_steps", True),
+        ("leapfrog_steps", algo.leapfrog and algo.fixed_leapfrog_steps is None),
+        ("rho", algo.leapfrog),
+        ("grad_noise", True),
+        ("temperature", True),
+        ("friction", algo.euler and algo.momentum),
+        ("staleness", not algo.federated),
+        ("staleness_dist", not algo.federated),
+        ("max_staleness", algo.asynchronous),
+        ("anchor_batch_size", algo.anchor),
+        ("sync_unit", algo.trajectory_options),
+        ("fresh_gradients", algo.trajectory_options),
+        ("restart_trajectories", algo.trajectory_options),
+        ("clients_per_round", algo.partial_participation),
+        ("participation", algo.partial_participation),
+    ]
+    return [name for name, uses in facts if uses]
 
 
 def applies_to(key: str) -> str:
@@ -220,9 +250,15 @@ def refuse_unused(cfg: RunConfig, given: Collection[str]) -> None:
     """Refuse, in one line, an option given for a run (``given``: RunConfig field names)
     that the resolved run ``cfg`` would make no use of: the MLP's ``--hidden`` with
     ``--model cnn``, ``--round-timeout`` on the engine, ``--max-staleness`` with FA-HMC."""
+    algo = registry.find(cfg.algorithm)
     for key in unused_settings(cfg.to_dict()):
         if key in given:
             flag = "--" + key.replace("_", "-")
+            if algo.declares_options and key in api.SHARED and key not in algo.field_names:
+                raise ConfigError(
+                    f"{flag} is not an option of --algorithm {cfg.algorithm}"
+                    f"{own_options_clause(algo)}; drop {flag}"
+                )
             value = getattr(cfg, key, None)
             shown = flag if isinstance(value, bool) or value is None else f"{flag} {value}"
             raise ConfigError(
@@ -1010,7 +1046,7 @@ class RunConfig:
                 flag = "--" + name.replace("_", "-")
                 raise ConfigError(
                     f"{flag} is not an option of --algorithm {self.algorithm}"
-                    f"{own_options_clause(algo)}; drop {flag}"
+                    f"{own_options_clause(algo, self.to_dict())}; drop {flag}"
                 )
         if algo.declares_options and self.step_size is not None:
             algo.build_settings(self)  # the sampler's own checks, in one line

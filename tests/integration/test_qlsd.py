@@ -113,7 +113,9 @@ def test_the_entries_declare_their_own_options():
         (dict(algorithm="qlsd", quantization_levels=0.0), "--quantization-levels must be"),
         (dict(algorithm="qlsd", quantization_levels=2.5), "--quantization-levels must be"),
         (dict(algorithm="qlsd", reference_refresh=5), "--reference-refresh is not an option"),
-        (dict(algorithm="fahmc", quantization_levels=4.0), "not an option of --algorithm fahmc"),
+        (dict(algorithm="fahmc", quantization_levels=4.0),
+         r"not an option of --algorithm fahmc \(its options: --step-size, --local-steps, "
+         "--leapfrog-steps, --rho"),
         (dict(algorithm="qlsd", participation="uniform", clients_per_round=2),
          "--participation is not an option"),
         (dict(algorithm="qlsd-pp", reference_refresh=0), "--reference-refresh must be"),
@@ -124,8 +126,16 @@ def test_bad_options_are_refused_in_one_line(tmp_path, kw, words):
     with pytest.raises(ConfigError, match=words) as e:
         _cfg(tmp_path, "x", algorithm=algorithm).replace(**kw).resolve()
     assert "\n" not in str(e.value)
-    if "not an option of --algorithm qlsd" in str(e.value):
+    if "not an option of --algorithm" in str(e.value):
         assert "its options: --step-size" in str(e.value)
+
+
+def test_a_run_option_qlsd_lacks_is_refused_naming_its_own(tmp_path):
+    from fedhmc.runtime.config import refuse_unused
+
+    cfg = _cfg(tmp_path, "x", algorithm="qlsd", temperature=0.5).resolve()
+    with pytest.raises(ConfigError, match="^--temperature is not an option of --algorithm qlsd"):
+        refuse_unused(cfg, {"temperature"})
 
 
 def test_options_read_back_from_config_json(tmp_path):
