@@ -284,6 +284,11 @@ def kept_by_client(message: Broadcast, kept: dict) -> dict:
     return {"z": kept["z"]}
 
 
+def resumes_on_flower(settings: Settings) -> bool:
+    """A run does not resume on new Flower nodes: the clients' copies z_c are theirs."""
+    return False
+
+
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One round, every client and chain batched (``seed``: the run's)."""
     return federated.step(sys.modules[__name__], seed, state, target, settings)

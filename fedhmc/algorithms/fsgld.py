@@ -336,6 +336,11 @@ def kept_by_client(message: Broadcast, kept: dict) -> dict:
     return {k: kept[k] for k in ("surrogate_mean", "surrogate_precision") if k in kept}
 
 
+def resumes_on_flower(settings: Settings) -> bool:
+    """A run does not resume on new Flower nodes: they lack their set-up's surrogates."""
+    return False
+
+
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One round (the set-up's or a sampling one), every client and chain batched."""
     return federated.step(sys.modules[__name__], seed, state, target, settings)

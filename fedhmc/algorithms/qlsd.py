@@ -420,6 +420,12 @@ def kept_by_client(message: Broadcast, kept: dict) -> dict:
     return out
 
 
+def resumes_on_flower(settings: Settings) -> bool:
+    """Whether a run resumes on new Flower nodes: not QLSD++, whose clients' memories
+    are theirs alone (QLSD*'s reference gradient is recomputed where it is missing)."""
+    return settings.variant != "pp"
+
+
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One round, every client and chain batched (``seed``: the run's)."""
     return federated.step(sys.modules[__name__], seed, state, target, settings)

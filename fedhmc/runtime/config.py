@@ -1049,7 +1049,16 @@ class RunConfig:
                     f"{own_options_clause(algo, self.to_dict())}; drop {flag}"
                 )
         if algo.declares_options and self.step_size is not None:
-            algo.build_settings(self)  # the sampler's own checks, in one line
+            settings = algo.build_settings(self)  # the sampler's own checks, in one line
+            resumes = getattr(algo.module, "resumes_on_flower", None)
+            _need(
+                not (self.resume and self.backend == "flower")
+                or resumes is None
+                or resumes(settings),
+                f"--algorithm {self.algorithm} cannot be resumed on Flower: its clients keep "
+                "state between rounds that new Flower nodes do not have; start the run again "
+                "(--overwrite), or run it on the engine, whose checkpoint holds that state",
+            )
 
     def _check_trajectory(self, algo: registry.Entry) -> None:
         """``--sync-unit``, ``--fresh-gradients`` and ``--restart-trajectories``."""

@@ -148,6 +148,14 @@ def test_options_read_back_from_config_json(tmp_path):
     assert result.history[-1]["bytes_up"] > 0
 
 
+@pytest.mark.parametrize("algorithm", ["qlsd-pp", "fsgld", "dglmc"])
+def test_a_sampler_whose_clients_keep_state_is_not_resumed_on_flower(tmp_path, algorithm):
+    cfg = _cfg(tmp_path, "x", algorithm=algorithm, backend="flower", resume=True, step_size=1e-3)
+    with pytest.raises(ConfigError, match=f"--algorithm {algorithm} cannot be resumed on Flower"):
+        cfg.resolve()
+    _cfg(tmp_path, "y", algorithm="qlsd-star", backend="flower", resume=True).resolve()
+
+
 def test_qlsd_pp_resumes_bit_exactly(tmp_path):
     kw = dict(algorithm="qlsd-pp", quantization_levels=2, reference_refresh=3,
               clients_per_round=3, rounds=10, checkpoint_every=1)  # fmt: skip

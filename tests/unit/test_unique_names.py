@@ -38,6 +38,7 @@ INTERFACE = {
     "Broadcast": "a federated algorithm's round message (the wire builds it by name)",
     "Combination": "how a federated algorithm's replies combine (its combination's value)",
     "setup_rounds": "a federated algorithm's set-up phase (fsgld)",
+    "resumes_on_flower": "whether a federated algorithm's clients' state survives new nodes",
     "ClientUpdate": "a federated algorithm's reply (the wire builds it by name)",
     # The app interface: Flower and the command line look these names up.
     "app": "a Flower ServerApp / ClientApp object (server/app.py, clients/app.py)",
