@@ -24,6 +24,7 @@ from fedhmc.experiments.gaussian_dim import gaussian_dim
 from fedhmc.experiments.kmnist import kmnist
 from fedhmc.experiments.paper_fmnist import paper_figure
 from fedhmc.experiments.participation import participation
+from fedhmc.experiments.samplers import samplers
 from fedhmc.experiments.stale_gaussian import stale_gaussian
 from fedhmc.experiments.stale_variance import stale_variance
 
@@ -70,6 +71,12 @@ EXPERIMENTS: dict[str, tuple[Callable, str]] = {
     "stale-variance": (
         stale_variance,
         "Chen et al. §5.1: variance of the test loss against iterations per worker, W workers",
+    ),
+    "samplers": (
+        samplers,
+        "every federated sampler (FA-HMC, FA-LD, debiased FA-HMC, QLSD, QLSD*, QLSD++, FSGLD, "
+        "DG-LMC), each tuned by one rule, at equal gradient budgets on the Gaussian (W₂), "
+        "simulated BLR (ME) and Fashion-MNIST",
     ),
 }
 
