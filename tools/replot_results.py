@@ -193,6 +193,12 @@ def _participation(name: str) -> list[Path]:
     return replot(RESULTS / name)
 
 
+def _samplers(name: str) -> list[Path]:
+    from fedhmc.experiments.samplers import replot_samplers
+
+    return replot_samplers(RESULTS / name)
+
+
 FIGURES = {
     **{
         n: _paper_fmnist
@@ -217,6 +223,7 @@ FIGURES = {
     "stale-variance": _stale_variance,
     "debiased-gaussian": _debiased_gaussian,
     "participation": _participation,
+    "samplers": _samplers,
 }
 
 

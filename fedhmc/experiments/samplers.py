@@ -26,9 +26,9 @@ W₂, ME or NLL (the ``nll_sum`` column) is kept, a diverged run never. The kept
 runs on the five report seeds, and the tables give mean ± standard error over them.
 
 Everything runs through fedhmc.sweep.cells into ``out_dir/cells/``, resumed where it
-stopped. ``replot(out_dir)`` writes the tables and figures again from the cells (or, where
-the cells are gone, from ``samplers_curves.csv`` and ``samplers.json``):
-``python -c "from fedhmc.experiments.samplers import replot; replot('docs/results/samplers')"``.
+stopped. ``replot_samplers(out_dir)`` writes the tables and figures again from the cells
+(or, where the cells are gone, from ``samplers_curves.csv`` and ``samplers.json``):
+``python tools/replot_results.py samplers``.
 """
 
 from __future__ import annotations
@@ -241,7 +241,7 @@ def grid(task: Task, sampler: str) -> list[tuple[float, object]]:
     return [(s, o) for o in own for s in steps]
 
 
-def cell_settings(task: Task, sampler: str, step: float, own, seed: int) -> dict:
+def sampler_cell_settings(task: Task, sampler: str, step: float, own, seed: int) -> dict:
     """The ``fedhmc run`` settings of one cell (kebab-case keys), its rounds spending the
     task's budget."""
     s = {**task.base, "algorithm": sampler, "step-size": step, "seed": seed}
@@ -258,7 +258,7 @@ def cell_settings(task: Task, sampler: str, step: float, own, seed: int) -> dict
     return s
 
 
-def cell_id(task: Task, sampler: str, step: float, own, seed: int) -> str:
+def sampler_cell_id(task: Task, sampler: str, step: float, own, seed: int) -> str:
     own_part = "" if sampler not in OWN else f"_{OWN[sampler][0]}={own:g}"
     return f"{task.name}_{sampler}{own_part}_step={step:g}_seed={seed}"
 
@@ -311,7 +311,7 @@ def blr_me_curve(cell: Path, settings: dict, task: Task) -> None:
     rows = []
     if samples_file.exists():
         reference = blr_reference_draws(settings, task)
-        samples = torch.as_tensor(np.load(samples_file)).to(reference.dtype)
+        samples = torch.as_tensor(np.load(samples_file), device="cpu").to(reference.dtype)
         thin, burn = settings["thin"], settings["burn-in"]
         for i in range(samples.shape[0]):
             x = samples[i]
@@ -379,8 +379,8 @@ def final_value(cell: Path, task: Task, metric: str) -> float:
 def tuning_cells(task: Task, sampler: str, seed: int) -> list[tuple[str, dict, float, object]]:
     """(cell id, settings, step size, own setting) of the sampler's grid on ``seed``."""
     return [
-        (cell_id(task, sampler, step, own, seed), cell_settings(task, sampler, step, own, seed),
-         step, own)
+        (sampler_cell_id(task, sampler, step, own, seed),
+         sampler_cell_settings(task, sampler, step, own, seed), step, own)
         for step, own in grid(task, sampler)
     ]  # fmt: skip
 
@@ -415,8 +415,8 @@ def report_cells(task: Task, best: dict, seed: int) -> list[tuple[str, str, dict
     for s in SAMPLERS:
         step, own = best[s]
         for k in range(1, task.seeds + 1):
-            out.append((s, cell_id(task, s, step, own, seed + k),
-                        cell_settings(task, s, step, own, seed + k)))  # fmt: skip
+            out.append((s, sampler_cell_id(task, s, step, own, seed + k),
+                        sampler_cell_settings(task, s, step, own, seed + k)))  # fmt: skip
     return out
 
 
@@ -431,7 +431,9 @@ def mean_se(values: list[float]) -> tuple[float | None, float | None]:
     return m, math.sqrt(sum((x - m) ** 2 for x in v) / (len(v) - 1) / len(v))
 
 
-def summarize(out_dir: Path, task: Task, runs: list[tuple[str, str, dict]]) -> tuple[list, list]:
+def summarize_samplers(
+    out_dir: Path, task: Task, runs: list[tuple[str, str, dict]]
+) -> tuple[list, list]:
     """The task's table (one row per sampler: its tuned settings, rounds, evaluations and
     bits per chain, each metric's mean and standard error over the report seeds) and its
     curves (per sampler and round: the seeds' means, at evaluation_rounds)."""
@@ -498,7 +500,7 @@ def _mean_curve(task: Task, sampler: str, per_seed: list[list[dict]], keep: set)
 # ---------------------------------------------------------------------------------------
 # Tables and figures
 
-FIGURE_WIDTH = 7.2
+_FIGURE_WIDTH = 7.2
 """Inches: the width a results page shows a figure at (as participation's)."""
 X_AXES = (
     ("round", "communication rounds"),
@@ -513,7 +515,7 @@ def plot_task(path: Path, task_name: str, title: str, curves: list[dict]) -> Non
     from fedhmc.viz.plots import new_figure
 
     metrics = [m for m in METRIC_NAMES if any(c.get(m) not in (None, "") for c in curves)]
-    fig = new_figure(FIGURE_WIDTH, 2.3 * len(metrics) + 0.9)
+    fig = new_figure(_FIGURE_WIDTH, 2.3 * len(metrics) + 0.9)
     axes = fig.subplots(len(metrics), 3, squeeze=False)
     styles = ("-", "--", "-.", ":")
     for i, s in enumerate(SAMPLERS):
@@ -564,7 +566,7 @@ def _count(value) -> str:
     return "—" if value is None else f"{float(value):,.0f}"
 
 
-def markdown_table(task: Task | dict, rows: list[dict]) -> str:
+def _markdown_table(task: Task | dict, rows: list[dict]) -> str:
     """The task's table in Markdown: per sampler its tuned settings, rounds, gradient
     evaluations and Mbit per chain, and each metric's mean ± s.e."""
     metrics = list(task["metrics"] if isinstance(task, dict) else task.metrics)
@@ -619,7 +621,7 @@ def write_tables_md(out_dir: Path, summary: dict) -> None:
             f"Budget: {t['evals']:,} gradient evaluations per chain; mean ± standard error "
             f"over {t['seeds']} seeds.\n"
         )
-        parts.append(markdown_table(t, t["rows"]))
+        parts.append(_markdown_table(t, t["rows"]))
         dim = next((r["dim"] for r in t["rows"] if "dim" in r), None)
         parts.append(f"Cost per chain at the tuned settings (d = {dim}):\n")
         parts.append(cost_table(t["rows"]))
@@ -647,7 +649,7 @@ def build_task(out_dir: Path, task: Task, seed: int, run: bool = True) -> tuple[
     best, tuning = tune(out_dir, task, seed, runner)
     runs = report_cells(task, best, seed)
     runner(out_dir, task, [(cid, st) for _, cid, st in runs], f"{task.name}: seeds")
-    rows, curves = summarize(out_dir, task, runs)
+    rows, curves = summarize_samplers(out_dir, task, runs)
     info = {"title": task.title, "evals": task.evals, "seeds": task.seeds}
     info.update({"metrics": list(task.metrics), "base": task.base, "rows": rows})
     info["tuning"] = tuning
@@ -728,7 +730,7 @@ def _short(row: dict) -> dict:
     return {k: row[k] for k in keep if k in row}
 
 
-def replot(out_dir: Path) -> list[Path]:
+def replot_samplers(out_dir: Path) -> list[Path]:
     """Write the tables and figures again: from the cells in ``out_dir/cells/`` where they
     are kept (nothing runs: a missing cell reads as diverged), else from
     ``samplers.json`` and ``samplers_curves.csv``."""
@@ -751,8 +753,10 @@ def replot(out_dir: Path) -> list[Path]:
     ]
 
 
-if __name__ == "__main__":  # python -m fedhmc.experiments.samplers DIR: replot DIR
+if __name__ == "__main__":  # python -m fedhmc.experiments.samplers DIR: replot_samplers DIR
     import sys
 
-    for path in replot(Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/samplers")):
+    for path in replot_samplers(
+        Path(sys.argv[1] if len(sys.argv) > 1 else "docs/results/samplers")
+    ):
         print(path)

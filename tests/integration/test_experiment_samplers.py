@@ -60,8 +60,8 @@ def test_budgets_are_equal_and_costs_are_the_formulas(quick):
         for row in summary["tasks"][name]["rows"]:
             s = row["sampler"]
             own = row["own_value"]
-            settings = samplers.cell_settings(task, s, row["step_size"], own, 1)
-            cell = quick / "cells" / samplers.cell_id(task, s, row["step_size"], own, 1)
+            settings = samplers.sampler_cell_settings(task, s, row["step_size"], own, 1)
+            cell = quick / "cells" / samplers.sampler_cell_id(task, s, row["step_size"], own, 1)
             run = json.loads((cell / "summary.json").read_text())
             if run["status"] != "completed":
                 continue  # a diverged run stops before its budget
@@ -95,12 +95,12 @@ def test_the_tuning_rule_picks_the_best_point_and_replot_rebuilds(quick, tmp_pat
     copy = tmp_path / "copy"
     shutil.copytree(quick, copy)
     (copy / "samplers_gaussian.png").unlink()
-    assert samplers.replot(copy)  # from the cells: nothing runs
+    assert samplers.replot_samplers(copy)  # from the cells: nothing runs
     after = json.loads((copy / "samplers.json").read_text())
     assert after["tasks"]["gaussian"]["rows"] == before["tasks"]["gaussian"]["rows"]
     assert (copy / "samplers_gaussian.png").exists()
     shutil.rmtree(copy / "cells")  # from the curves and the summary alone
-    assert samplers.replot(copy)
+    assert samplers.replot_samplers(copy)
 
 
 @pytest.mark.skipif(

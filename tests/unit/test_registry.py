@@ -26,6 +26,21 @@ ALLOWED = {
     # on ``--algorithm``.
     ("fedhmc/algorithms/stale.py", 'self.method == "sghmc"'),
     ("fedhmc/algorithms/stale.py", 'method == "sghmc"'),
+    # The sampler comparison (`fedhmc experiment samplers`) states each sampler's cost a
+    # round and the settings it tunes: a table of the samplers it compares, by design.
+    *(
+        ("fedhmc/experiments/samplers.py", code)
+        for code in (
+            'sampler in ("fahmc", "fald")',
+            'sampler == "fsgld"',
+            'sampler == "dglmc"',
+            'sampler in ("fahmc", "fald", "fahmc-debiased", "fsgld", "dglmc")',
+            'sampler == "fald"',
+            'sampler == "fahmc-debiased"',
+            'sampler != "qlsd"',
+            'sampler == "qlsd-pp"',
+        )
+    ),
 }
 
 
