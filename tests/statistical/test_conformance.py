@@ -20,7 +20,17 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.algorithms import async_sgmcmc, debiased, fahmc, mhmc, oracles, stale
+from fedhmc.algorithms import (
+    async_sgmcmc,
+    debiased,
+    dglmc,
+    fahmc,
+    fsgld,
+    mhmc,
+    oracles,
+    qlsd,
+    stale,
+)
 from fedhmc.algorithms.delayed import make_regression
 from fedhmc.algorithms.delayed import sgld as delayed_sgld
 from fedhmc.analysis.gaussian import fahmc_gaussian_stationary
@@ -130,8 +140,65 @@ def delayed_case():
     return Case("delayed-sgld", delayed_sgld, s, problem, x0, steps, mean, np.diag(cov))
 
 
+def _ula_case(name, module, settings, target, steps_a_round=1):
+    """A sampler that is the unadjusted Langevin algorithm on f = Σ_c U_c (U_c = w_c f^(c):
+    per coordinate ½ A_c (θ − μ_c)², A_c = w_c / v_c): N(μ, [A (1 − γA/2)]⁻¹)."""
+    A_c = (target.weights / target.variances).numpy()
+    A = A_c.sum()
+    mu = float((A_c * target.means.numpy()).sum() / A)
+    gamma = settings.step_size
+    var = 1 / (A * (1 - gamma * A / 2))
+    steps = math.ceil(math.log(1e-6 / mu) / (steps_a_round * math.log(abs(1 - gamma * A)))) + 1
+    x0 = torch.zeros(CHAINS // 4, 2, dtype=torch.float64)
+    return Case(name, module, settings, target, x0, steps, np.full(2, mu), np.full(2, var))
+
+
+def qlsd_case():
+    # s = ∞ and every client each round: QLSD is ULA on f.
+    target = hetero_gaussian(4, 2, dtype=torch.float64)
+    return _ula_case("qlsd", qlsd, qlsd.Settings(step_size=0.5), target)
+
+
+def fsgld_case():
+    # One client: the conducive gradient is ∇f whatever its fitted surrogate, so after the
+    # set-up round FSGLD is ULA on f, T steps a round.
+    target = hetero_gaussian(1, 2, dtype=torch.float64)
+    s = fsgld.Settings(step_size=0.3, local_steps=3, surrogate_steps=10)
+    return _ula_case("fsgld", fsgld, s, target, steps_a_round=3)
+
+
+def dglmc_case():
+    """DG-LMC's θ: the stationary law of its round's linear map of (θ, z_1 … z_N) per
+    coordinate (θ ~ N(z̄, ρ/N), then L Langevin steps on each z_c), a Lyapunov equation."""
+    target = hetero_gaussian(4, 2, dtype=torch.float64)
+    gamma, L, rho = 0.2, 5, 1.0
+    A = (target.weights / target.variances).numpy()
+    mu, N = target.means.numpy(), 4
+    M, c, Q = np.eye(N + 1), np.zeros(N + 1), np.zeros((N + 1, N + 1))
+    M[0] = 0.0
+    M[0, 1:] = 1 / N
+    Q[0, 0] = rho / N
+    for _ in range(L):
+        S, d, R = np.eye(N + 1), np.zeros(N + 1), np.zeros((N + 1, N + 1))
+        for i in range(N):
+            S[i + 1, i + 1] = 1 - gamma * (A[i] + 1 / rho)
+            S[i + 1, 0] = gamma / rho
+            d[i + 1], R[i + 1, i + 1] = gamma * A[i] * mu[i], 2 * gamma
+        M, c, Q = S @ M, S @ c + d, S @ Q @ S.T + R
+    mean = np.linalg.solve(np.eye(N + 1) - M, c)
+    cov = lyapunov(M, Q)
+    radius = max(abs(np.linalg.eigvals(M)))
+    steps = math.ceil(math.log(1e-6 / abs(mean).max()) / math.log(radius)) + 1
+    s = dglmc.Settings(step_size=gamma, local_steps=L, coupling=rho)
+    x0 = torch.zeros(CHAINS // 4, 2, dtype=torch.float64)
+    return Case("dglmc", dglmc, s, target, x0, steps, np.full(2, mean[0]), np.full(2, cov[0, 0]))
+
+
 CASES = [
     fahmc_case(fahmc, "fahmc"),
+    qlsd_case(),
+    fsgld_case(),
+    dglmc_case(),
     fahmc_case(debiased, "fahmc-debiased"),
     euler_case("sgld"),
     euler_case("sghmc"),
