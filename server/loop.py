@@ -160,7 +160,9 @@ class RoundServer:
             failed=len(failed),
             bytes_down=sum(_record_bytes(c) for c in content.values()),
             bytes_up=replies.bytes_up,
-            bits_up=bits_up_per_round(self.cfg, self.shape[1], r, len(replies.accepted)),
+            bits_up=bits_up_per_round(
+                self.cfg, self.shape[1], r, len(replies.accepted), self.settings
+            ),
         )
         if not replies.accepted:
             stats.finite = replies.nonfinite < len(content)  # every client diverged: the chain
@@ -190,7 +192,7 @@ class RoundServer:
         from fedhmc.runtime import wire
 
         values, tensors = wire.encode_message(
-            self.cfg, message, self.num_total, layout, self.algorithm
+            self.cfg, message, self.num_total, layout, self.algorithm, self.settings
         )
         config = ConfigRecord(values)
         arrays = ArrayRecord({k: Array(v.numpy()) for k, v in tensors.items()})

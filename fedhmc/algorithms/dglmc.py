@@ -41,6 +41,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.algorithms import api, federated
+from fedhmc.algorithms.fahmc import Info  # (a round's Info: the federated samplers' one)
 from fedhmc.algorithms.federated import Layout
 from fedhmc.core import rng
 from fedhmc.core.streams import STREAM_DGLMC_NOISE, STREAM_DGLMC_THETA, STREAM_MINIBATCH
@@ -127,19 +128,6 @@ REPLY = {"z": "z"}
 
 
 @dataclass(frozen=True)
-class Info:
-    """What one round did: gradient evaluations, whether θ and the copies stay finite, the
-    clients whose copies arrived."""
-
-    grad_evals: int
-    finite: bool
-    clients: int
-    energy_error: float | None = None
-    energy: torch.Tensor | None = None
-    momentum: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class State:
     """The server's state after ``round`` rounds: θ_k (S, D), the run's sample, and the
     clients' copies z_c (S, N, D) as last received (None before any arrived: every copy is
@@ -196,12 +184,6 @@ def layout(settings: Settings, round_: int) -> Layout:
     return Layout(down, ("z",))
 
 
-def _keys(message: Broadcast, seeds: torch.Tensor, S: int):
-    """The clients' private keys (S, M) of the round."""
-    chains = torch.arange(S, device=message.position.device)
-    return rng.derive(seeds.to(chains.device).view(1, -1), message.round, chains.view(-1, 1))
-
-
 def client_update(
     message: Broadcast,
     target,
@@ -221,7 +203,7 @@ def client_update(
     if z is None:
         base = message.start if message.start is not None else theta
         z = base.unsqueeze(1).expand(S, M, D).clone()
-    keys = _keys(message, seeds, S)
+    keys = federated.private_keys(seeds, message.round, S, message.position.device)
     batch = rng.derive(keys, STREAM_MINIBATCH)
     noise = rng.derive(keys, STREAM_DGLMC_NOISE)
     weights = target.weights.to(theta.dtype).view(1, M, 1)
@@ -238,9 +220,7 @@ def client_update(
 def combination(message: Broadcast, weights, replied: torch.Tensor | None = None) -> CopiesArrived:
     """The clients whose z_c arrived (``replied``: their mask over the N clients, None:
     all), in the replies' order."""
-    ids = torch.arange(message.num_clients, device=message.position.device)
-    if replied is not None:
-        ids = ids[replied.to(ids.device)]
+    ids = federated.replied_clients(message, message.num_clients, replied)
     return CopiesArrived(ids, message.num_clients, message.position)
 
 

@@ -50,6 +50,8 @@ __all__ = [
     "client_seeds",
     "finish",
     "round_clients",
+    "private_keys",
+    "replied_clients",
     "round_seed",
     "stack_updates",
     "step",
@@ -110,6 +112,23 @@ def stack_updates(updates: list):
         else:
             out[f.name] = None if any(x is None for x in xs) else xs[0]
     return type(first)(**out)
+
+
+def private_keys(seeds: torch.Tensor, round_: int, chains: int, device) -> torch.Tensor:
+    """The private keys (S, M) of clients with private ``seeds`` (M,) in round ``round_``,
+    one per chain: ``derive(client_seed, round, chain)``, as FA-HMC's ``round_keys``."""
+    c = torch.arange(chains, device=device)
+    return rng.derive(seeds.to(device).view(1, -1), round_, c.view(-1, 1))
+
+
+def replied_clients(message, num_clients: int, replied) -> torch.Tensor:
+    """The ids (among N) of a round's clients whose replies arrived, in the replies' order:
+    ``message.client_ids`` (the drawn ones) or every client, masked by ``replied`` (None:
+    all replied)."""
+    ids = message.client_ids
+    if ids is None:
+        ids = torch.arange(num_clients, device=message.position.device)
+    return ids if replied is None else ids[replied.to(ids.device)]
 
 
 def round_seed(seed: int, round_: int) -> int:

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.algorithms import api, federated
+from fedhmc.algorithms.fahmc import Info  # (a round's Info: the federated samplers' one)
 from fedhmc.algorithms.federated import Layout
 from fedhmc.core import participation, rng
 from fedhmc.core.streams import STREAM_FSGLD_NOISE, STREAM_MINIBATCH
@@ -114,18 +115,6 @@ REPLY = {
 
 
 @dataclass(frozen=True)
-class Info:
-    """What one round did."""
-
-    grad_evals: int
-    finite: bool
-    clients: int
-    energy_error: float | None = None
-    energy: torch.Tensor | None = None
-    momentum: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class State:
     """The server's state after ``round`` rounds (−1: before the set-up): θ (S, D), the
     sums Σ_j Λ_j and Σ_j Λ_j μ_j (S, D) after the set-up, and in a run whose clients are
@@ -169,11 +158,6 @@ def layout(settings: Settings, round_: int) -> Layout:
     if round_ <= 0:
         return Layout(("position",), ("surrogate_mean", "surrogate_precision"))
     return Layout(("position", "precision_sum", "shift_sum"), ("position",))
-
-
-def _keys(message: Broadcast, seeds: torch.Tensor, S: int) -> torch.Tensor:
-    chains = torch.arange(S, device=message.position.device)
-    return rng.derive(seeds.to(chains.device).view(1, -1), message.round, chains.view(-1, 1))
 
 
 def _langevin(theta, gradient, keys, settings: Settings, steps: int, keep_from: int = 0):
@@ -227,7 +211,7 @@ def client_update(
     """The set-up round's surrogate fits, or the drawn client's T conducive-gradient steps
     with its kept surrogate (μ_c, Λ_c) (S, M, D)."""
     S, D = message.position.shape
-    keys = _keys(message, seeds, S)
+    keys = federated.private_keys(seeds, message.round, S, message.position.device)
     if message.round <= 0:
         return _fit(message, target, settings, keys)
     if surrogate_mean is None or surrogate_precision is None:
@@ -274,13 +258,8 @@ class Combination:
 
 def combination(message: Broadcast, weights, replied: torch.Tensor | None = None) -> Combination:
     """The clients that replied (``replied``: their mask over the round's; None: all)."""
-    ids = message.client_ids
-    if ids is None:
-        n = int(weights.shape[0]) if replied is None else int(replied.shape[0])
-        ids = torch.arange(n, device=message.position.device)
-    if replied is not None:
-        ids = ids[replied.to(ids.device)]
-    return Combination(ids)
+    n = int(weights.shape[0]) if replied is None else int(replied.shape[0])
+    return Combination(federated.replied_clients(message, n, replied))
 
 
 def server_update(

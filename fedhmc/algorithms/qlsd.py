@@ -38,6 +38,7 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.algorithms import api, federated
+from fedhmc.algorithms.fahmc import Info  # (a round's Info: the federated samplers' one)
 from fedhmc.algorithms.federated import Layout
 from fedhmc.core import participation, quantize, rng
 from fedhmc.core.streams import STREAM_MINIBATCH, STREAM_QLSD_NOISE, STREAM_QLSD_QUANT
@@ -166,19 +167,6 @@ coordinate."""
 
 
 @dataclass(frozen=True)
-class Info:
-    """What one round did: gradient evaluations, whether θ stays finite, the clients whose
-    Δ_c entered the step."""
-
-    grad_evals: int
-    finite: bool
-    clients: int
-    energy_error: float | None = None
-    energy: torch.Tensor | None = None
-    momentum: torch.Tensor | None = None
-
-
-@dataclass(frozen=True)
 class State:
     """The server's state after ``round`` rounds: θ (S, D); QLSD++'s memories m_c
     (S, N, D); the reference θ* (S, D) and its round; and, in a run whose clients are
@@ -250,12 +238,6 @@ def layout(settings: Settings, round_: int) -> Layout:
     return Layout(down, ("delta",))
 
 
-def _keys(message: Broadcast, seeds: torch.Tensor, S: int):
-    """The clients' private keys (S, M) of the round."""
-    chains = torch.arange(S, device=message.position.device)
-    return rng.derive(seeds.to(chains.device).view(1, -1), message.round, chains.view(-1, 1))
-
-
 def _estimate(message, target, keys, reference_grad, valid):
     """(H_c / w_c (S, M, D), ∇f^(c)(θ*) or None, gradient evaluations per chain, summed over
     the clients). ``valid`` (M,) marks the clients whose ``reference_grad`` rows are of the
@@ -297,7 +279,7 @@ def client_update(
     computed here, and counted (None: every client's)."""
     S, D = message.position.shape
     M = int(seeds.shape[0])
-    keys = _keys(message, seeds, S)
+    keys = federated.private_keys(seeds, message.round, S, message.position.device)
     if reference_grad is not None and reference_valid is None:
         reference_valid = torch.ones(M, dtype=torch.bool, device=reference_grad.device)
     g, kept_grad, evals = _estimate(message, target, keys, reference_grad, reference_valid)
@@ -323,12 +305,7 @@ def client_update(
 def combination(message: Broadcast, weights, replied: torch.Tensor | None = None) -> Combination:
     """The clients whose Δ_c arrived (``replied``: their mask over the round's clients,
     None: all), in the replies' order."""
-    device = message.position.device
-    ids = message.client_ids
-    if ids is None:
-        ids = torch.arange(message.num_clients, device=device)
-    if replied is not None:
-        ids = ids[replied.to(device)]
+    ids = federated.replied_clients(message, message.num_clients, replied)
     return Combination(
         ids, message.num_clients, message.round_seed, message.reference, message.reference_round
     )

@@ -557,6 +557,7 @@ class _Run:
                 value = getattr(stats, key)
                 if value is not None:
                     self.totals["setup_" + key] = self.totals.get("setup_" + key, 0) + value
+        if k:
             self.totals["setup_rounds"] = k
 
     def _disk_full(self) -> str:
@@ -938,7 +939,7 @@ class EngineBackend:
             bytes_down=down,
             bytes_up=up,
             energy_error=info.energy_error,
-            bits_up=bits_up_per_round(self.cfg, self.dim, r, info.clients),
+            bits_up=bits_up_per_round(self.cfg, self.dim, r, info.clients, self.settings),
         )
 
     def state_dict(self) -> dict:

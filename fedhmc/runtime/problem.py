@@ -413,16 +413,19 @@ def bytes_per_round(
     return layout.bytes(clients, cfg.chains, dim, itemsize)
 
 
-def bits_up_per_round(cfg: RunConfig, dim: int, round_: int, clients: int) -> int | None:
+def bits_up_per_round(
+    cfg: RunConfig, dim: int, round_: int, clients: int, settings=None
+) -> int | None:
     """The bits that the replies of ``clients`` clients really take in round ``round_``
     where the algorithm says its reply arrays are compressed (its module's ``REPLY_BITS``:
     wire name → ``bits(settings, dim, float_bits)`` per chain), else None (the bytes say
-    it)."""
+    it). ``settings``: the run's sampler settings, where the caller holds them (built from
+    ``cfg`` otherwise)."""
     algo = registry.find(cfg.algorithm)
     declared = getattr(algo.module, "REPLY_BITS", None) if algo.federated else None
     if not declared:
         return None
-    settings = algo.build_settings(cfg)
+    settings = algo.build_settings(cfg) if settings is None else settings
     float_bits = 64 if cfg.dtype == "float64" else 32
     by_field = {f: k for k, f in algo.module.REPLY.items()}
     per_chain = 0

@@ -23,10 +23,11 @@ DATA = {
 
 
 def encode_round(
-    cfg: RunConfig, round_: int, num_total: int, round_seed: int | None = None
+    cfg: RunConfig, round_: int, num_total: int, round_seed: int | None = None, settings=None
 ) -> dict:
     """Round ``round_``'s settings: its number and seed, n, the chains, the algorithm,
-    every field of the sampler's Settings (`fedhmc.algorithms.api.to_wire`) and the data
+    every field of the sampler's Settings (`fedhmc.algorithms.api.to_wire`; ``settings``:
+    the sampler's where the caller holds them, else built from ``cfg``) and the data
     settings."""
     seed = federated.round_seed(cfg.seed, round_) if round_seed is None else round_seed
     out = {
@@ -38,7 +39,9 @@ def encode_round(
     }
     if cfg.data_sha256:  # the server's data: a client whose own copy differs refuses the round
         out["data-sha256"] = str(cfg.data_sha256)  # (Flower cannot count an empty string)
-    out.update(api.to_wire(registry.entry(cfg.algorithm).build_settings(cfg)))
+    if settings is None:
+        settings = registry.entry(cfg.algorithm).build_settings(cfg)
+    out.update(api.to_wire(settings))
     out.update({k: t(getattr(cfg, f)) for k, (f, t) in DATA.items()})
     return out
 
@@ -70,11 +73,13 @@ def reply_names(algorithm, layout) -> tuple[str, ...]:
     return _names(layout.up, _tables(algorithm)[1])
 
 
-def encode_message(cfg: RunConfig, message, num_total: int, layout, algorithm) -> tuple[dict, dict]:
+def encode_message(
+    cfg: RunConfig, message, num_total: int, layout, algorithm, settings=None
+) -> tuple[dict, dict]:
     """A round's message as the (settings, arrays) of a Flower message: the arrays the
     round's ``layout`` names, θ̄ first, by the names the algorithm's module gives them
     (``MESSAGE``), on the CPU, and its declared scalars (``MESSAGE_VALUES``)."""
-    config = encode_round(cfg, message.round, num_total, message.round_seed)
+    config = encode_round(cfg, message.round, num_total, message.round_seed, settings)
     for key, f in getattr(algorithm, "MESSAGE_VALUES", {}).items():
         if getattr(message, f) is not None:
             config[key] = getattr(message, f)

@@ -116,17 +116,21 @@ def _shared_state(problem: Regression, s: delayed.Settings, x0, ctx) -> dict:
     their times and update counts, the per-worker counters, and the locks and barriers."""
     P, R, d = s.workers, s.chains, problem.dim
     slots = s.iterations // s.record_every
-    X = torch.zeros(R, d, dtype=torch.float64) if x0 is None else x0.clone().to(torch.float64)
+    X = (
+        torch.zeros(R, d, dtype=torch.float64, device="cpu")
+        if x0 is None
+        else x0.clone().to(torch.float64)
+    )
     if X.shape != (R, d):
         raise ConfigError(f"x0 must have shape ({R}, {d}), got {tuple(X.shape)}")
-    H = torch.full((slots + 1, R, d), math.nan, dtype=torch.float64)
+    H = torch.full((slots + 1, R, d), math.nan, dtype=torch.float64, device="cpu")
     H[0] = X
     sh = {
         "X": X,
         "H": H,
-        "times": torch.zeros(slots + 1, dtype=torch.float64),
-        "ups": torch.full((slots + 1,), -1, dtype=torch.int64),
-        "counts": torch.zeros(P, dtype=torch.int64),
+        "times": torch.zeros(slots + 1, dtype=torch.float64, device="cpu"),
+        "ups": torch.full((slots + 1,), -1, dtype=torch.int64, device="cpu"),
+        "counts": torch.zeros(P, dtype=torch.int64, device="cpu"),
         "progress": torch.zeros(P, dtype=torch.int64),
         "hist": torch.zeros(P, s.max_staleness_bin + 1, dtype=torch.int64),
         "next_slot": torch.zeros((), dtype=torch.int64),
