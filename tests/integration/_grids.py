@@ -7,6 +7,7 @@ Subclasses deliver the messages (``send_and_receive``, or ``push_messages`` and
 from __future__ import annotations
 
 import uuid
+from dataclasses import dataclass, field
 
 from flwr.app import Context, Message, RecordDict
 from flwr.serverapp import Grid
@@ -81,3 +82,45 @@ class InProcessGrid(LocalGrid):
 
     def pull_messages(self, message_ids):
         return [self.replies.pop(m) for m in list(message_ids) if m in self.replies]
+
+
+@dataclass
+class Traffic:
+    """What a Flower run through ``flower_run`` exchanged: the array names of each train
+    message and each reply, and what each node kept in its state after each message."""
+
+    sent: list = field(default_factory=list)
+    replies: list = field(default_factory=list)
+    kept: list = field(default_factory=list)
+
+
+def flower_run(cfg):
+    """``cfg``'s run through the Flower apps on an in-process grid: (result, Traffic)."""
+    from fedhmc_clients.app import KEPT_RECORD, make_client_app
+    from fedhmc_server.loop import serve
+
+    inner, seen = make_client_app(), Traffic()
+
+    def app(msg, context):
+        if msg.has_content() and "arrays" in msg.content:
+            seen.sent.append(set(msg.content["arrays"]))
+        reply = inner(msg, context)
+        if reply.has_content() and "arrays" in reply.content:
+            seen.replies.append(set(reply.content["arrays"]))
+        seen.kept.append(set(context.state.get(KEPT_RECORD, {})))
+        return reply
+
+    grid = InProcessGrid(app, cfg.num_clients, cfg.to_run_config())
+    return serve(grid, cfg), seen
+
+
+def assert_same_chain(engine, flower, columns=("w2", "mean_error", "grad_evals", "clients")):
+    """The Flower run gave the engine's chain: θ̄ and ``columns`` of every round to 1e-9."""
+    import pytest
+    import torch
+
+    torch.testing.assert_close(flower.theta_bar, engine.theta_bar, rtol=0, atol=1e-9)
+    assert len(engine.history) == len(flower.history)
+    for ra, rb in zip(engine.history, flower.history, strict=True):
+        for k in columns:
+            assert ra[k] == pytest.approx(rb[k], rel=1e-9, abs=1e-9), k

@@ -223,33 +223,15 @@ def test_resumes_bit_exactly(tmp_path):
 
 @pytest.mark.slow  # Flower
 def test_flower_apps_equal_the_engine(tmp_path):
-    from _grids import InProcessGrid
-    from fedhmc_clients.app import make_client_app
-    from fedhmc_server.loop import serve
+    from _grids import assert_same_chain, flower_run
 
     cfg = _cfg(tmp_path, "e")
     engine = run(cfg, progress=False)
-    flower_cfg = cfg.replace(out=str(tmp_path / "f"))
-    inner, sent, replies, kept = make_client_app(), [], [], []
-
-    def app(msg, context):  # what each message and reply carry, and what each node keeps
-        if msg.has_content() and "arrays" in msg.content:
-            sent.append(set(msg.content["arrays"]))
-        reply = inner(msg, context)
-        if reply.has_content() and "arrays" in reply.content:
-            replies.append(set(reply.content["arrays"]))
-        kept.append(set(context.state.get("fedhmc-kept", {})))
-        return reply
-
-    grid = InProcessGrid(app, cfg.num_clients, flower_cfg.to_run_config())
-    flower = serve(grid, flower_cfg)
-    rounds = [s for s in sent if "theta" in s]
+    flower, seen = flower_run(cfg.replace(out=str(tmp_path / "f")))
+    rounds = [s for s in seen.sent if "theta" in s]
     assert rounds[: cfg.num_clients] == [{"theta", "start"}] * cfg.num_clients
     assert all(s == {"theta"} for s in rounds[cfg.num_clients :])
     # The reply carries z_c, which the node keeps in its state between rounds.
-    assert {frozenset(r) for r in replies} == {frozenset({"z"})}
-    assert kept[-1] == {"z"}
-    torch.testing.assert_close(flower.theta_bar, engine.theta_bar, rtol=0, atol=1e-9)
-    for ra, rb in zip(engine.history, flower.history, strict=True):
-        for k in ("w2", "mean_error", "grad_evals", "clients"):
-            assert ra[k] == pytest.approx(rb[k], rel=1e-9, abs=1e-9), k
+    assert {frozenset(r) for r in seen.replies} == {frozenset({"z"})}
+    assert seen.kept[-1] == {"z"}
+    assert_same_chain(engine, flower)

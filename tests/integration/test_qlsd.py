@@ -175,32 +175,16 @@ def test_qlsd_pp_resumes_bit_exactly(tmp_path):
 @pytest.mark.slow  # Flower
 @pytest.mark.parametrize("algorithm", ["qlsd", "qlsd-star", "qlsd-pp"])
 def test_flower_apps_equal_the_engine(tmp_path, algorithm):
-    from _grids import InProcessGrid
-    from fedhmc_clients.app import make_client_app
-    from fedhmc_server.loop import serve
+    from _grids import assert_same_chain, flower_run
 
     cfg = _cfg(tmp_path, "e", algorithm=algorithm, quantization_levels=4, clients_per_round=3)
     if algorithm == "qlsd-pp":
         cfg = cfg.replace(reference_refresh=3)
     engine = run(cfg, progress=False)
-    flower_cfg = cfg.replace(out=str(tmp_path / "f"))
-    inner, replies, kept = make_client_app(), [], []
-
-    def app(msg, context):  # what each reply carries, and what each node keeps
-        reply = inner(msg, context)
-        if reply.has_content() and "arrays" in reply.content:
-            replies.append(set(reply.content["arrays"]))
-        kept.append(set(context.state.get("fedhmc-kept", {})))
-        return reply
-
-    grid = InProcessGrid(app, cfg.num_clients, flower_cfg.to_run_config())
-    flower = serve(grid, flower_cfg)
+    flower, seen = flower_run(cfg.replace(out=str(tmp_path / "f")))
     # The reply carries Δ_c alone; QLSD++'s memory and the reference gradient stay in the
     # node's state.
-    assert {frozenset(r) for r in replies} == {frozenset({"delta"})}
+    assert {frozenset(r) for r in seen.replies} == {frozenset({"delta"})}
     want = {"qlsd": set(), "qlsd-star": {"reference_grad", "reference_round"}}
-    assert kept[-1] == want.get(algorithm, {"memory", "reference_grad", "reference_round"})
-    torch.testing.assert_close(flower.theta_bar, engine.theta_bar, rtol=0, atol=1e-9)
-    for ra, rb in zip(engine.history, flower.history, strict=True):
-        for k in ("w2", "mean_error", "grad_evals", "clients", "bits_up"):
-            assert ra[k] == pytest.approx(rb[k], rel=1e-9, abs=1e-9), k
+    assert seen.kept[-1] == want.get(algorithm, {"memory", "reference_grad", "reference_round"})
+    assert_same_chain(engine, flower, ("w2", "mean_error", "grad_evals", "clients", "bits_up"))
