@@ -12,11 +12,12 @@ under, its line in ``config.json`` and its row in the documentation's option tab
         step_size: float = api.option(1e-3, "γ, the Langevin step", low=0, low_open=True)
         friction: float = api.option(0.1, "B, the momentum's friction", low=0)
 
-A field named like one of the run's own sampler options (``step_size``, ``local_steps``,
-``clients_per_round``, ``grad_noise``, ``temperature``, …: `SHARED`) is that option, whose
-value and default the run resolves (the step size's default is the dataset's); a field
-without ``option`` metadata is set by the sampler's registry entry (``fixed``) or keeps its
-default.
+Samplers that declare an option of the same name (``--step-size``, ``--local-steps``) share
+one option, whose help names what it means for each. A ``step_size`` left unset takes the
+dataset's default step size (`Settings.with_defaults`). A field named like one of the run's
+own settings that a sampler may read (``clients_per_round``, ``participation``: `SHARED`)
+takes the run's value. A field without ``option`` metadata is set by the sampler's registry
+entry (``fixed``) or keeps its default.
 
 A federated sampler names the arrays of its round's message and replies in two tables,
 ``MESSAGE`` and ``REPLY`` (wire name → field of its ``Broadcast`` or ``ClientUpdate``),
@@ -39,6 +40,7 @@ from fedhmc.errors import ConfigError
 
 __all__ = [
     "KEPT",
+    "MAX_STEP_SIZE",
     "RESERVED",
     "SHARED",
     "Option",
@@ -56,24 +58,13 @@ KEPT = "kept/"
 message's arrays (what it kept of its last round) and in the reply's (what it keeps of
 this one, stored in the node's state and never sent)."""
 
-SHARED = (
-    "step_size",
-    "local_steps",
-    "leapfrog_steps",
-    "rho",
-    "grad_noise",
-    "temperature",
-    "clients_per_round",
-    "participation",
-    "friction",
-    "staleness",
-    "staleness_dist",
-    "max_staleness",
-    "anchor_batch_size",
-    "sync_unit",
-    "fresh_gradients",
-)
-"""The run's own sampler options: a Settings field of one of these names is that option."""
+SHARED = ("clients_per_round", "participation")
+"""The run's own settings that a sampler's Settings field of the same name reads: who takes
+part in a round (``--clients-per-round`` and ``--participation`` are the run's, and a
+sampler that lacks the field refuses them)."""
+
+MAX_STEP_SIZE = 1e15
+"""The largest ``--step-size`` (η²/2 and 2γ stay finite floats)."""
 
 RESERVED = (
     "round",
@@ -258,6 +249,13 @@ class Settings:
             why = opt.refusal(getattr(self, opt.name))
             if why is not None:
                 raise ConfigError(why)
+        step = getattr(self, "step_size", None)
+        if isinstance(step, (int, float)) and step > MAX_STEP_SIZE:
+            raise ConfigError(
+                f"--step-size {step} is too large (at most {MAX_STEP_SIZE:g}, so that η²/2 "
+                "stays a finite float); step sizes that sample are small: try 1e-3, or leave "
+                "it to the dataset's default"
+            )
         why = self.check()
         if why is not None:
             raise ConfigError(why)
@@ -265,6 +263,19 @@ class Settings:
     def check(self) -> str | None:
         """Why these values cannot run together, or None (a sampler overrides it)."""
         return None
+
+    LANGEVIN_STEP: typing.ClassVar[bool] = False
+    """Whether a ``step_size`` left unset is a Langevin step γ = η²/2 (FA-LD's learning
+    rate, from the dataset's default η) rather than η itself."""
+
+    def with_defaults(self, step_size: float):
+        """These settings with what the run fills in where it is unset: a ``step_size``
+        of None becomes the dataset's default η (``step_size``), or η²/2 where
+        ``LANGEVIN_STEP``. A sampler may override it to derive more."""
+        if getattr(self, "step_size", 0) is not None:
+            return self
+        step = step_size**2 / 2 if self.LANGEVIN_STEP else step_size
+        return dataclasses.replace(self, step_size=float(step))
 
 
 def build(settings_class, values: Mapping[str, typing.Any] | typing.Any, fixed=()):

@@ -28,40 +28,52 @@ from typing import ClassVar
 
 import torch
 
-from fedhmc.algorithms import stale
+from fedhmc.algorithms import api, stale
 from fedhmc.algorithms.oracles import Received
 from fedhmc.algorithms.stale import euler_step
 from fedhmc.core import gradients, rng
 from fedhmc.core.streams import STREAM_ASYNC_BATCH, STREAM_STALE_NOISE
-from fedhmc.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Settings of an asynchronous chain.
+class Settings(api.Settings):
+    """The options of an asynchronous chain (``method``, ``sghmc`` or ``sgld``, is fixed by
+    the algorithm's name; SGLD has no friction). Step and friction defaults as in
+    `fedhmc.algorithms.stale.Settings`."""
 
-    Attributes
-    ----------
-    method
-        ``"sghmc"`` or ``"sgld"``.
-    step_size, friction, temperature
-        h, B (SGHMC) and τ, validated as in `fedhmc.algorithms.stale.Settings`.
-    max_staleness
-        δ: a gradient with staleness > δ is dropped.
-    """
-
-    method: str
-    step_size: float
-    friction: float = 1.0
-    temperature: float = 1.0
-    max_staleness: int = 10
+    STEP_SYMBOL: ClassVar[str] = "h"
+    method: str = "sghmc"
+    step_size: float | None = api.option(
+        None,
+        "h, the Euler step of each server's chain (default: the dataset's η for SGHMC, η²/2 "
+        "for SGLD)",
+        low=0,
+        low_open=True,
+    )
+    friction: float | None = api.option(
+        None, "B, the momentum's friction (default 0.1 / h: B·h = 0.1)", low=0
+    )
+    temperature: float = api.option(
+        1.0, "τ, the posterior temperature: the target is exp(−f/τ)", low=0, low_open=True
+    )
+    max_staleness: int = api.option(
+        10, "δ, drop a gradient staler than this many server updates", low=0
+    )
+    grad_noise: float = api.option(
+        0.0, "σ_g, the std of the Gaussian noise the workers add to every gradient", low=0
+    )
 
     def __post_init__(self) -> None:
-        stale.Settings(
-            self.method, self.step_size, self.friction, temperature=self.temperature
-        )  # validates h, B, τ with one-line messages
-        if int(self.max_staleness) != self.max_staleness or self.max_staleness < 0:
-            raise ConfigError(f"--max-staleness must be an integer ≥ 0, got {self.max_staleness}")
+        stale.default_friction(self)
+        super().__post_init__()
+
+    def check(self) -> str | None:
+        if self.method not in stale.METHODS:
+            return f"method must be one of {', '.join(stale.METHODS)}; got {self.method!r}"
+        return stale.friction_refusal(self)
+
+    def with_defaults(self, step_size: float):
+        return stale.euler_defaults(self, step_size)
 
 
 @dataclass

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms import fahmc, federated
+from fedhmc.algorithms import api, fahmc, federated
 from fedhmc.algorithms.fahmc import (
     Broadcast,
     ClientUpdate,
@@ -38,7 +38,6 @@ from fedhmc.algorithms.fahmc import (
     skip,
 )
 from fedhmc.core import rng
-from fedhmc.errors import ConfigError
 
 __all__ = [
     "Broadcast",
@@ -61,25 +60,19 @@ __all__ = [
 ]
 
 
+NO_PARTIAL_REASON = " (debiased FA-HMC needs every client's gradient at its anchor)"
+"""Why ``--clients-per-round`` does not apply."""
+
+
 @dataclass(frozen=True)
 class Settings(fahmc.Settings):
-    """FA-HMC's settings and the minibatch size of the anchor gradients.
+    """FA-HMC's settings and the minibatch of the anchor gradients (its registry entry fixes
+    the trajectory options and full participation: every client's gradient at the anchor is
+    needed)."""
 
-    Attributes
-    ----------
-    anchor_batch_size
-        The minibatch of each client's local gradient at the anchor (0: its full local
-        data). No injected noise and no temperature: the control variate corrects ∇f itself.
-    """
-
-    anchor_batch_size: int = 0
-
-    def __post_init__(self):
-        super().__post_init__()
-        if not fahmc._whole(self.anchor_batch_size, 0):
-            raise ConfigError(
-                f"anchor batch size must be an integer ≥ 0, got {self.anchor_batch_size}"
-            )
+    anchor_batch_size: int = api.option(
+        0, "the minibatch of each client's gradient at the anchor (0: its full local data)", low=0
+    )
 
 
 def anchor_keys(client_seeds: torch.Tensor, round_: int, chains: torch.Tensor) -> torch.Tensor:

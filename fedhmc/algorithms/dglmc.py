@@ -65,10 +65,14 @@ class Settings(api.Settings):
         γ (λ_max(A_c) + 1/ρ) < 2, and the Euler default γ = η²/2 is at most 2·10⁻⁴ ≪ ρ).
     """
 
-    step_size: float = api.option(
-        1e-4, "γ, the clients' Langevin step: z_c ← z_c − γ [Ĥ_c + (z_c − θ)/ρ] + √(2γ) ξ",
-        low=0, low_open=True,
-    )  # fmt: skip
+    LANGEVIN_STEP = True
+    step_size: float | None = api.option(
+        None,
+        "γ, the clients' Langevin step: z_c ← z_c − γ [Ĥ_c + (z_c − θ)/ρ] + √(2γ) ξ (default: "
+        "η²/2 of the dataset's η)",
+        low=0,
+        low_open=True,
+    )
     local_steps: int = api.option(10, "L, the Langevin steps of a client per round", low=1)
     coupling: float = api.option(
         0.01, "ρ, DG-LMC's coupling: θ ~ N(z̄, ρ/N) ties the clients' copies z_c", low=0,
@@ -76,7 +80,7 @@ class Settings(api.Settings):
     )  # fmt: skip
 
     def check(self) -> str | None:
-        if self.step_size >= 2 * self.coupling:
+        if self.step_size is not None and self.step_size >= 2 * self.coupling:
             return (
                 f"--step-size {self.step_size:g} must be below 2 × --coupling "
                 f"({2 * self.coupling:g}): the clients' steps diverge otherwise"

@@ -32,11 +32,12 @@ from __future__ import annotations
 import dataclasses
 import math
 import sys
+import typing
 from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms import federated
+from fedhmc.algorithms import api, federated
 from fedhmc.algorithms.federated import (
     Coefficients,
     Layout,
@@ -50,7 +51,14 @@ from fedhmc.core import SYNC_UNITS, gradients, participation, rng
 from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
-from fedhmc.errors import ConfigError
+
+PROTOCOLS = ("algorithm3", "authors")
+"""The ``--protocol`` values FA-HMC runs under: the paper's Algorithm 3 and what the authors'
+experiment code runs."""
+
+COLOCATED = True
+"""A Flower simulation's co-located clients compute a round in one batch, as the engine
+does (``clients/task.colocated_update``)."""
 
 
 @dataclass(frozen=True)
@@ -77,61 +85,60 @@ class Segment:
 
 
 @dataclass(frozen=True)
-class Settings:
-    """The tunable values of one FA-HMC round.
+class Settings(api.Settings):
+    """The options of FA-HMC (and of FA-LD, its K = 1): each field's help says what it is.
 
-    Attributes
-    ----------
-    step_size
-        Leapfrog step size η.
-    leapfrog_steps
-        K, leapfrog steps per trajectory (K = 1: FA-LD).
-    local_steps
-        T: local iterations per communication round (``sync_unit="iteration"``,
-        Algorithm 3), or leapfrog steps per round (``sync_unit="leapfrog"``).
-    rho
-        Momentum correlation ρ ∈ [0, 1] across clients.
-    grad_noise
-        σ_g of the Gaussian noise added to every gradient (0: none).
-    temperature
-        Posterior temperature τ > 0: the chain targets exp(−f/τ).
-    sync_unit
-        ``"iteration"``: a round is T whole trajectories, then the positions are averaged
-        (the paper's Algorithm 3). ``"leapfrog"``: a round is T leapfrog steps counted on a
-        global counter, after which positions *and momenta* are averaged, even in the
-        middle of a trajectory (the authors' experiment code); a trajectory of K steps
-        starts at every global step that is a multiple of K.
-    fresh_gradients
-        Evaluate two fresh minibatch gradients per leapfrog step (2K per trajectory)
-        instead of reusing the gradient at the end of a step for the next (K + 1).
-    restart
-        With ``sync_unit="leapfrog"``: an outer iteration is T trajectories (T·K leapfrog
-        steps, K rounds), each restarting from the origin X₀ broadcast at its start; X₀
-        becomes the average at the end of the outer iteration (the authors' simulated-BLR
-        code).
-    clients_per_round
-        S: the clients drawn in each round (None: every client).
-    participation
-        How the S clients are drawn and weighted: ``weighted``, ``uniform`` or
-        ``normalized`` (``fedhmc.core.participation``).
+    ``clients_per_round`` and ``participation`` are the run's (`fedhmc.algorithms.api.SHARED`).
     """
 
-    step_size: float
-    leapfrog_steps: int
-    local_steps: int
-    rho: float = 1.0
-    grad_noise: float = 0.0
-    temperature: float = 1.0
-    sync_unit: str = "iteration"
-    fresh_gradients: bool = False
-    restart: bool = False
-    clients_per_round: int | None = None
-    participation: str = "normalized"
+    STEP_SYMBOL: typing.ClassVar[str] = "eta"
 
-    def __post_init__(self):
-        why = _refusal(self)
-        if why is not None:
-            raise ConfigError(why)
+    step_size: float | None = api.option(
+        None,
+        "η, the leapfrog step (FA-LD's Langevin learning rate is η²/2; default per dataset)",
+        low=0,
+        low_open=True,
+    )
+    leapfrog_steps: int = api.option(10, "K, leapfrog steps per iteration", low=1)
+    local_steps: int = api.option(
+        10,
+        "T, local iterations per communication round (leapfrog steps with `--sync-unit leapfrog`)",
+        low=1,
+    )
+    rho: float = api.option(1.0, "ρ, the momentum correlation across clients", low=0, high=1)
+    grad_noise: float = api.option(
+        0.0, "σ_g, the std of the Gaussian noise added to every gradient", low=0
+    )
+    temperature: float = api.option(
+        1.0, "τ, the posterior temperature: the target is exp(−f/τ)", low=0, low_open=True
+    )
+    sync_unit: str = api.option(
+        "iteration",
+        "what T counts: iteration (T whole trajectories, then positions averaged: Algorithm "
+        "3) or leapfrog (T leapfrog steps on a global counter, then positions and momenta "
+        "averaged, mid-trajectory too)",
+        choices=SYNC_UNITS,
+    )
+    fresh_gradients: bool = api.option(
+        False,
+        "two fresh minibatch gradients per leapfrog step (2K per trajectory) instead of "
+        "reusing the end-of-step gradient (K + 1)",
+    )
+    restart_trajectories: bool = api.option(
+        False,
+        "`--sync-unit leapfrog`: an outer iteration is T trajectories (K rounds), each "
+        "restarting from the position broadcast at its start, which becomes the average at "
+        "its end (the authors' simulated-BLR code)",
+    )
+    clients_per_round: int | None = api.option(
+        None, "S, the clients drawn each round by `--participation`'s scheme", low=1
+    )
+    participation: str = api.option(
+        "normalized", "how the S clients are drawn and weighted", choices=participation.SCHEMES
+    )
+
+    def check(self) -> str | None:
+        return _refusal(self)
 
     @property
     def leapfrog_sync(self) -> bool:
@@ -202,7 +209,7 @@ class Settings:
         if not self.leapfrog_sync:
             return True
         K, T = self.leapfrog_steps, self.local_steps
-        period = T * K if self.restart else K
+        period = T * K if self.restart_trajectories else K
         return (round_ * T) % period == 0
 
 
@@ -211,25 +218,22 @@ def _whole(x, least: int) -> bool:
 
 
 def _refusal(s: Settings) -> str | None:
-    """Why ``s`` cannot run, in one line, or None."""
-    if not (math.isfinite(s.step_size) and s.step_size > 0):
-        return f"step size η must be > 0, got {s.step_size}"
-    if not (_whole(s.leapfrog_steps, 1) and _whole(s.local_steps, 1)):
-        return f"K and T must be integers ≥ 1, got K={s.leapfrog_steps}, T={s.local_steps}"
-    if not 0.0 <= s.rho <= 1.0:
-        return f"ρ must be in [0, 1], got {s.rho}"
-    if not (math.isfinite(s.grad_noise) and s.grad_noise >= 0):
-        return f"gradient noise σ_g must be ≥ 0, got {s.grad_noise}"
-    if not (math.isfinite(s.temperature) and s.temperature > 0):
-        return f"temperature must be > 0, got {s.temperature}"
-    if s.sync_unit not in SYNC_UNITS:
-        return f"sync_unit must be one of {SYNC_UNITS}, got {s.sync_unit!r}"
-    if s.restart and s.sync_unit != "leapfrog":
-        return "restart needs sync_unit='leapfrog'"
+    """Why ``s`` cannot run, in one line, or None (each option's own range is checked by
+    its declaration)."""
+    if s.restart_trajectories and s.sync_unit != "leapfrog":
+        return "--restart-trajectories needs --sync-unit leapfrog"
     if not (s.clients_per_round is None or _whole(s.clients_per_round, 1)):
-        return f"clients per round must be an integer ≥ 1, got {s.clients_per_round}"
+        return f"--clients-per-round must be an integer ≥ 1, got {s.clients_per_round}"
     if s.participation not in participation.SCHEMES:
-        return f"participation must be one of {participation.SCHEMES}, got {s.participation!r}"
+        return (
+            f"--participation must be one of {', '.join(participation.SCHEMES)}, got "
+            f"{s.participation!r}"
+        )
+    if s.local_steps * max(s.leapfrog_steps + 1, 2 * s.leapfrog_steps) >= 1 << 29:
+        return (
+            "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient evaluations "
+            "per round"
+        )
     return None
 
 
@@ -337,7 +341,7 @@ def local_iterations(
     p = None if momentum is None else momentum.expand(S, N, D)
     for seg in settings.segments(round_):
         if seg.new_trajectory:
-            if settings.restart:
+            if settings.restart_trajectories:
                 if origin is None:
                     raise ValueError("restart needs the outer iteration's origin")
                 theta = origin.expand(S, N, D)
@@ -549,7 +553,7 @@ class State:
 
 def init(position: torch.Tensor, settings: Settings) -> State:
     """The state before round 1: θ̄ = ``position`` (S, D)."""
-    return State(position, 0, None, position if settings.restart else None)
+    return State(position, 0, None, position if settings.restart_trajectories else None)
 
 
 def broadcast(
@@ -576,7 +580,7 @@ def broadcast(
         round_seed=round_seed(seed, r),
         position=state.position,
         momentum=state.momentum if settings.starts_mid_trajectory(r) else None,
-        origin=state.origin if settings.restart else None,
+        origin=state.origin if settings.restart_trajectories else None,
         client_ids=client_ids,
         coefficients=coefficients,
     )
@@ -590,7 +594,7 @@ def layout(settings: Settings, round_: int) -> Layout:
     if settings.leapfrog_sync:
         if settings.starts_mid_trajectory(round_):
             down.append("momentum")
-        if settings.restart:
+        if settings.restart_trajectories:
             down.append("origin")
         up.append("momentum")
     return Layout(tuple(down), tuple(up))
@@ -726,7 +730,9 @@ def server_update(
     r = state.round + 1
     position = average(update.position, how)
     momentum = average(update.momentum, how) if settings.leapfrog_sync else None
-    origin = position if settings.restart and settings.ends_trajectory(r) else state.origin
+    origin = (
+        position if settings.restart_trajectories and settings.ends_trajectory(r) else state.origin
+    )
     return State(position, r, momentum, origin), round_info(update, momentum)
 
 

@@ -52,10 +52,14 @@ from fedhmc.core.streams import STREAM_FSGLD_NOISE, STREAM_MINIBATCH
 class Settings(api.Settings):
     """FSGLD's settings: γ, T and the surrogate's SGLD steps."""
 
-    step_size: float = api.option(
-        1e-4, "γ, the Langevin step of the conducive-gradient chain and of the surrogate fits",
-        low=0, low_open=True,
-    )  # fmt: skip
+    LANGEVIN_STEP = True
+    step_size: float | None = api.option(
+        None,
+        "γ, the Langevin step of the conducive-gradient chain and of the surrogate fits "
+        "(default: η²/2 of the dataset's η)",
+        low=0,
+        low_open=True,
+    )
     local_steps: int = api.option(
         10, "T, the drawn client's conducive-gradient Langevin steps a round", low=1
     )
@@ -85,6 +89,9 @@ class Broadcast:
     probability: float | None = None
     client_ids: torch.Tensor | None = None
 
+
+NO_PARTIAL_REASON = " (FSGLD draws one client a round by design)"
+"""Why ``--clients-per-round`` does not apply."""
 
 MESSAGE = {"theta": "position", "precision-sum": "precision_sum", "shift-sum": "shift_sum"}
 """The arrays of a round's message by their wire names."""

@@ -65,10 +65,14 @@ class Settings(api.Settings):
         ``plain``, ``star`` or ``pp`` (fixed by the algorithm's name).
     """
 
-    step_size: float = api.option(
-        1e-4, "γ, the Langevin step: θ ← θ − γ (N/S) Σ_c (Δ_c + m_c) + √(2γ) ξ", low=0,
+    LANGEVIN_STEP = True
+    step_size: float | None = api.option(
+        None,
+        "γ, the Langevin step: θ ← θ − γ (N/S) Σ_c (Δ_c + m_c) + √(2γ) ξ (default: η²/2 of the "
+        "dataset's η)",
+        low=0,
         low_open=True,
-    )  # fmt: skip
+    )
     quantization_levels: float = api.option(
         math.inf,
         "s, the levels of the clients' stochastic quantiser (inf: uncompressed gradients)",

@@ -1,10 +1,12 @@
 """The algorithms a run can name, listed once: the only place that maps ``--algorithm NAME``
-to its module, to how its Settings are built from a run config, and to what it supports.
+to its module, its kind and the backends it runs on.
 
-Everything else (the config's choices and checks, the engine, the wire format, the Flower
-server and clients) reads an [`Entry`][fedhmc.algorithms.registry.Entry]'s facts instead of
-comparing names. ``fald`` is FA-HMC with K = 1: the same module, the same Settings and the
-same facts as ``fahmc`` but for its fixed leapfrog steps.
+An [`Entry`][fedhmc.algorithms.registry.Entry] is small: what follows from the sampler's
+module (its options, leapfrog steps or not, partial participation, what its messages carry)
+is read from the module, not restated here. Everything else (the config's choices and
+checks, the engine, the wire format, the Flower server and clients) reads an entry's facts
+instead of comparing names. ``fald`` is FA-HMC with K = 1: the same module, with its
+leapfrog steps fixed.
 
 Pure PyTorch: no Flower import.
 """
@@ -16,159 +18,56 @@ import importlib
 import re
 import sys
 import typing
-from collections.abc import Callable
 from dataclasses import dataclass
 from types import ModuleType
-from typing import TYPE_CHECKING
 
 from fedhmc.algorithms import api
 from fedhmc.errors import ConfigError, first_line
 
-if TYPE_CHECKING:  # the modules are imported when an entry's module or settings are used:
-    # the run configuration reads the facts without importing torch (a ServerApp sends its
-    # first messages before it imports torch)
-    from fedhmc.algorithms import debiased, fahmc, stale
-
 ENGINE, FLOWER = "engine", "flower"
 ALGORITHM3, AUTHORS = "algorithm3", "authors"
+FEDERATED, POOLED, ASYNCHRONOUS = "federated", "pooled", "asynchronous"
+KINDS = (FEDERATED, POOLED, ASYNCHRONOUS)
 
 WORKERS_ANSWER = " (its workers answer when they can, not when drawn)"
-POOLED = " (it samples the pooled data: there are no clients to draw)"
-
-
-def fahmc_fields(cfg) -> dict:
-    """FA-HMC's Settings fields from a resolved run config (or anything with its fields)."""
-    return dict(
-        step_size=float(cfg.step_size),
-        leapfrog_steps=int(cfg.leapfrog_steps),
-        local_steps=int(cfg.local_steps),
-        rho=float(cfg.rho),
-        grad_noise=float(cfg.grad_noise),
-        temperature=float(cfg.temperature or 1.0),
-        sync_unit=cfg.sync_unit or "iteration",
-        fresh_gradients=bool(cfg.fresh_gradients),
-        restart=bool(cfg.restart_trajectories),
-        clients_per_round=cfg.clients_per_round,
-        participation=cfg.participation or "normalized",
-    )
-
-
-def fahmc_settings(cfg) -> fahmc.Settings:
-    """FA-HMC's settings (``fahmc`` and ``fald``)."""
-    from fedhmc.algorithms import fahmc
-
-    return fahmc.Settings(**fahmc_fields(cfg))
-
-
-def debiased_settings(cfg) -> debiased.Settings:
-    """Debiased FA-HMC's settings: FA-HMC's and the anchor batch size."""
-    from fedhmc.algorithms import debiased
-
-    return debiased.Settings(anchor_batch_size=int(cfg.anchor_batch_size), **fahmc_fields(cfg))
-
-
-def _async_settings(method: str) -> Callable:
-    def build(cfg):
-        """The asynchronous sampler's settings (each worker's chain)."""
-        from fedhmc.algorithms import async_sgmcmc
-
-        return async_sgmcmc.Settings(
-            method=method,
-            step_size=float(cfg.step_size),
-            friction=float(cfg.friction),
-            temperature=float(cfg.temperature),
-            max_staleness=int(cfg.max_staleness),
-        )
-
-    return build
-
-
-def _stale_settings(method: str) -> Callable:
-    def build(cfg) -> stale.Settings:
-        """The stale-gradient sampler's settings (one process, the pooled energy)."""
-        from fedhmc.algorithms import stale
-
-        return stale.Settings(
-            method=method,
-            step_size=float(cfg.step_size),
-            friction=float(cfg.friction),
-            staleness=int(cfg.staleness),
-            staleness_dist=cfg.staleness_dist,
-            temperature=float(cfg.temperature),
-            grad_noise=float(cfg.grad_noise),
-            steps=int(cfg.local_steps),
-        )
-
-    return build
+ON_POOLED_DATA = " (it samples the pooled data: there are no clients to draw)"
 
 
 @dataclass(frozen=True)
 class Entry:
-    """One algorithm: its module and what it supports.
+    """One algorithm.
 
     Attributes
     ----------
     name
         ``--algorithm NAME``.
+    module_path
+        The module with the sampler's ``Settings`` (its options: `fedhmc.algorithms.api`)
+        and ``init(position, settings)`` and ``step(seed, state, target, settings)`` (the
+        asynchronous samplers: their chain's state machine); a federated one has the
+        functions `fedhmc.algorithms.federated` composes.
     summary
         What it is, in a few words (the documentation's table of samplers).
-    module_path
-        The name of the module with ``init(position, settings)`` and ``step(seed, state,
-        target, settings)`` (the asynchronous samplers: their chain's state machine); a
-        federated one has the functions `fedhmc.algorithms.federated` composes.
-    settings
-        Its Settings from a resolved run config: ``settings(cfg)``.
-    federated
-        Clients of their own data exchange messages (False: one sampler on the pooled data).
-    asynchronous
-        Workers answer a server when they can, not in rounds.
-    leapfrog
-        An FA-HMC sampler: K leapfrog steps of size η, and ρ (False: an Euler step h).
-    euler
-        An Euler-step sampler (SGHMC / SGLD): h, no leapfrog steps, no ρ.
-    momentum
-        Its Euler update keeps a momentum with friction (SGHMC; False: SGLD).
-    fixed_leapfrog_steps
-        K fixed by the name (``fald``: 1), or None.
-    partial_participation
-        ``--clients-per-round`` and ``--participation`` apply.
-    no_partial_reason
-        Why they do not, in the refusal's words.
-    trajectory_options
-        ``--sync-unit leapfrog``, ``--fresh-gradients`` and ``--restart-trajectories`` apply.
-    protocols
-        The ``--protocol`` values it runs under.
+    kind
+        ``federated`` (clients of their own data exchange messages in rounds), ``pooled``
+        (one sampler on the pooled data) or ``asynchronous`` (workers answer a server when
+        they can, not in rounds).
     backends
         The ``--backend`` values it runs on.
-    anchor
-        Debiased FA-HMC's anchor: ``--anchor-batch-size`` applies. (What a round's
-        messages carry is the federated module's ``layout``: `fedhmc.algorithms.federated`.)
-    batches_colocated
-        A Flower simulation's co-located clients compute a round in one batch
-        (``clients/task.colocated_update``), as the engine does.
     fixed
-        Settings fields that the name fixes, as (field, value) pairs: for a sampler whose
-        ``settings`` is None, its module's ``Settings`` is built from the run's values
-        (`fedhmc.algorithms.api.build`) with these set.
+        Settings fields that the name fixes, as (field, value) pairs (``fald``: K = 1).
+
+    What the module declares is read from it: ``PROTOCOLS`` (the ``--protocol`` values it
+    runs under; default ``algorithm3``), ``COLOCATED`` (a Flower simulation's co-located
+    clients compute a round in one batch, as the engine does) and ``NO_PARTIAL_REASON`` (why
+    it has no ``--clients-per-round``, in the refusal's words).
     """
 
     name: str
     module_path: str | None
-    settings: Callable | None
     summary: str = ""
-    federated: bool = True
-    asynchronous: bool = False
-    leapfrog: bool = False
-    euler: bool = False
-    momentum: bool = False
-    fixed_leapfrog_steps: int | None = None
-    partial_participation: bool = False
-    no_partial_reason: str = WORKERS_ANSWER
-    trajectory_options: bool = False
-    protocols: tuple[str, ...] = (ALGORITHM3,)
+    kind: str = FEDERATED
     backends: tuple[str, ...] = (ENGINE, FLOWER)
-    anchor: bool = False
-    batches_colocated: bool = False
     fixed: tuple[tuple[str, typing.Any], ...] = ()
 
     @property
@@ -185,50 +84,99 @@ class Entry:
                 f"({first_line(e)}); fix or uninstall the package that provides it"
             ) from None
 
+    # ------------------------------------------------------------ the kind
     @property
-    def declares_options(self) -> bool:
-        """Whether the sampler's options are its module's ``Settings`` declarations
-        (`fedhmc.algorithms.api.option`), not the run config's fields."""
-        return self.settings is None and self.module_path is not None
+    def federated(self) -> bool:
+        return self.kind == FEDERATED
 
     @property
+    def asynchronous(self) -> bool:
+        return self.kind == ASYNCHRONOUS
+
+    # ----------------------------------------------- read from the module
+    @property
     def settings_class(self) -> type | None:
-        """The module's ``Settings`` class where the sampler declares its options."""
-        return self.module.Settings if self.declares_options else None
+        """The module's ``Settings`` class (None for a name not listed)."""
+        return None if self.module_path is None else self.module.Settings
+
+    @property
+    def field_names(self) -> tuple[str, ...]:
+        """The fields of the sampler's Settings."""
+        cls = self.settings_class
+        return () if cls is None else tuple(f.name for f in dataclasses.fields(cls))
 
     @property
     def options(self) -> tuple[api.Option, ...]:
-        """The options the sampler declares (``()`` where its options are the run
-        config's fields), without the fields its name fixes."""
-        if not self.declares_options:
-            return ()
+        """The options the sampler declares, without the fields its name fixes."""
         fixed = dict(self.fixed)
         return tuple(o for o in api.options(self.settings_class) if o.name not in fixed)
 
     @property
-    def field_names(self) -> tuple[str, ...]:
-        """The fields of the sampler's Settings where it declares its options."""
-        if not self.declares_options:
-            return ()
-        return tuple(f.name for f in dataclasses.fields(self.settings_class))
+    def own(self) -> tuple[str, ...]:
+        """The names a run may give for this sampler: its options, and the run's settings
+        that its Settings read (`fedhmc.algorithms.api.SHARED`), without those its name
+        fixes."""
+        fixed = dict(self.fixed)
+        names = [o.name for o in self.options]
+        names += [n for n in api.SHARED if n in self.field_names and n not in fixed]
+        return tuple(dict.fromkeys(names))
+
+    @property
+    def leapfrog(self) -> bool:
+        """K leapfrog steps of size η, and ρ (FA-HMC's family)."""
+        return "leapfrog_steps" in self.field_names
+
+    @property
+    def partial_participation(self) -> bool:
+        """``--clients-per-round`` (and, where the Settings read it, ``--participation``)
+        apply."""
+        return "clients_per_round" in self.own
+
+    @property
+    def trajectory_options(self) -> bool:
+        """``--sync-unit leapfrog``, ``--fresh-gradients`` and ``--restart-trajectories``."""
+        return "sync_unit" in self.own
+
+    @property
+    def protocols(self) -> tuple[str, ...]:
+        """The ``--protocol`` values it runs under (the module's ``PROTOCOLS``)."""
+        if self.module_path is None:
+            return (ALGORITHM3,)
+        return tuple(getattr(self.module, "PROTOCOLS", (ALGORITHM3,)))
+
+    @property
+    def batches_colocated(self) -> bool:
+        """A Flower simulation's co-located clients compute a round in one batch
+        (``clients/task.colocated_update``), as the engine does (the module's
+        ``COLOCATED``)."""
+        return self.module_path is not None and bool(getattr(self.module, "COLOCATED", False))
+
+    @property
+    def no_partial_reason(self) -> str:
+        """Why ``--clients-per-round`` does not apply, in the refusal's words."""
+        if self.asynchronous:
+            return WORKERS_ANSWER
+        if self.kind == POOLED:
+            return ON_POOLED_DATA
+        if self.module_path is None:
+            return ""
+        return str(getattr(self.module, "NO_PARTIAL_REASON", ""))
+
+    @property
+    def step_symbol(self) -> str:
+        """The symbol of ``--step-size`` (sweep cell ids): the Settings' ``STEP_SYMBOL``
+        (``eta``: FA-HMC's leapfrog step; ``h``: an Euler step; else ``step``)."""
+        cls = self.settings_class
+        return str(getattr(cls, "STEP_SYMBOL", "step")) if cls is not None else "step"
+
+    def fixed_value(self, name: str, default=None):
+        """The value the name fixes for the Settings field ``name`` (``default``: none)."""
+        return dict(self.fixed).get(name, default)
 
     def build_settings(self, cfg):
-        """The sampler's settings from a resolved run config."""
-        if self.settings is not None:
-            return self.settings(cfg)
+        """The sampler's settings from a resolved run config (or a mapping of field
+        names): `fedhmc.algorithms.api.build` with the fields the name fixes."""
         return api.build(self.settings_class, cfg, self.fixed)
-
-
-_FAHMC = dict(
-    module_path="fedhmc.algorithms.fahmc",
-    settings=fahmc_settings,
-    leapfrog=True,
-    partial_participation=True,
-    no_partial_reason="",
-    trajectory_options=True,
-    protocols=(ALGORITHM3, AUTHORS),
-    batches_colocated=True,
-)
 
 
 def _pooled(method: str) -> Entry:
@@ -236,13 +184,10 @@ def _pooled(method: str) -> Entry:
     return Entry(
         method,
         module_path="fedhmc.algorithms.stale",
-        settings=_stale_settings(method),
         summary=f"{method.upper()} with stale gradients, on the pooled data",
-        federated=False,
-        euler=True,
-        momentum=method == "sghmc",
-        no_partial_reason=POOLED,
+        kind=POOLED,
         backends=(ENGINE,),
+        fixed=_euler_fixed(method),
     )
 
 
@@ -251,13 +196,16 @@ def _asynchronous(method: str) -> Entry:
     return Entry(
         f"async-{method}",
         module_path="fedhmc.algorithms.async_sgmcmc",
-        settings=_async_settings(method),
         summary=f"asynchronous distributed {method.upper()}: workers send gradients when ready",
-        asynchronous=True,
-        euler=True,
-        momentum=method == "sghmc",
+        kind=ASYNCHRONOUS,
         backends=(FLOWER,),
+        fixed=_euler_fixed(method),
     )
+
+
+def _euler_fixed(method: str) -> tuple[tuple[str, typing.Any], ...]:
+    """SGHMC's or SGLD's fixed fields: the method, and SGLD's friction 0 (it has none)."""
+    return (("method", method),) + ((("friction", 0.0),) if method == "sgld" else ())
 
 
 _QLSD = (
@@ -268,65 +216,53 @@ _QLSD = (
 
 
 def _qlsd(name: str, variant: str, summary: str) -> Entry:
-    """QLSD's variant ``variant`` (``fedhmc.algorithms.qlsd``): its options are its own."""
+    """QLSD's variant ``variant`` (``fedhmc.algorithms.qlsd``)."""
     fixed = (("variant", variant),)
     if variant != "pp":
         fixed += (("reference_refresh", 10),)
-    return Entry(
-        name,
-        module_path="fedhmc.algorithms.qlsd",
-        settings=None,
-        summary=summary,
-        euler=True,
-        partial_participation=True,
-        no_partial_reason="",
-        fixed=fixed,
-    )
+    return Entry(name, module_path="fedhmc.algorithms.qlsd", summary=summary, fixed=fixed)
 
 
-def _dglmc() -> Entry:
-    """DG-LMC (``fedhmc.algorithms.dglmc``): its options are its own; every client takes
-    part in every round (it declares no ``clients_per_round``)."""
-    return Entry(
-        "dglmc",
-        module_path="fedhmc.algorithms.dglmc",
-        settings=None,
-        summary="DG-LMC: clients run Langevin steps on coupled copies, the server draws θ",
-        euler=True,
-        no_partial_reason="",
-    )
-
+DEBIASED_FIXED = (
+    ("sync_unit", "iteration"),
+    ("fresh_gradients", False),
+    ("restart_trajectories", False),
+    ("clients_per_round", None),
+    ("participation", "normalized"),
+)
+"""What debiased FA-HMC fixes of FA-HMC's settings: Algorithm 3's rounds, every client."""
 
 BUILTIN: tuple[Entry, ...] = (
     Entry(
         "fahmc",
-        **_FAHMC,
+        "fedhmc.algorithms.fahmc",
         summary="FA-HMC, the paper's Algorithm 3 (or the authors' protocol)",
     ),
-    Entry(  # FA-HMC with K = 1, in every respect
-        "fald", **_FAHMC, fixed_leapfrog_steps=1, summary="FA-LD: FA-HMC with K = 1"
+    Entry(
+        "fald",
+        "fedhmc.algorithms.fahmc",
+        summary="FA-LD: FA-HMC with K = 1",
+        fixed=(("leapfrog_steps", 1),),
     ),
     Entry(
         "fahmc-debiased",
-        module_path="fedhmc.algorithms.debiased",
-        settings=debiased_settings,
+        "fedhmc.algorithms.debiased",
         summary="FA-HMC with a SCAFFOLD-style control variate (the paper's Algorithm B.2)",
-        leapfrog=True,
-        no_partial_reason=" (debiased FA-HMC needs every client's gradient at its anchor)",
-        anchor=True,
+        fixed=DEBIASED_FIXED,
     ),
     *(_pooled(method) for method in ("sghmc", "sgld")),
     *(_asynchronous(method) for method in ("sghmc", "sgld")),
     *(_qlsd(name, variant, summary) for name, variant, summary in _QLSD),
     Entry(
         "fsgld",
-        module_path="fedhmc.algorithms.fsgld",
-        settings=None,
+        "fedhmc.algorithms.fsgld",
         summary="FSGLD: one client a round, conducive gradients from Gaussian surrogates",
-        euler=True,
-        no_partial_reason="",  # (it draws one client a round: its module says so)
     ),
-    _dglmc(),
+    Entry(
+        "dglmc",
+        "fedhmc.algorithms.dglmc",
+        summary="DG-LMC: clients run Langevin steps on coupled copies, the server draws θ",
+    ),
 )
 
 PLUGIN_GROUP = "fedhmc.algorithms"
@@ -358,9 +294,7 @@ def _plugins(taken: set[str]) -> tuple[Entry, ...]:
             print(f"fedhmc: sampler {point.value} not loaded: {why}", file=sys.stderr)
             continue
         taken.add(e.name)
-        out.append(
-            e if e.settings is None else dataclasses.replace(e, settings=_checked_settings(e))
-        )
+        out.append(e)
     return tuple(out)
 
 
@@ -374,17 +308,18 @@ def _plugin_refusal(e, taken: set[str]) -> str | None:
         )
     if e.name in taken:
         return f"its name {e.name!r} is already listed"
-    if not isinstance(e.module_path, str) or not (e.settings is None or callable(e.settings)):
-        return "an Entry needs a module_path, and a settings(config) callable or None"
-    if e.settings is None:
-        return _declaration_refusal(e)
-    return None
+    if not isinstance(e.module_path, str):
+        return "an Entry needs a module_path"
+    if e.kind not in KINDS:
+        return f"its kind {e.kind!r} is not one of {', '.join(KINDS)}"
+    if not set(e.backends) <= {ENGINE, FLOWER} or not e.backends:
+        return f"its backends {e.backends!r} are not among {ENGINE}, {FLOWER}"
+    return _declaration_refusal(e)
 
 
 def _declaration_refusal(e: Entry) -> str | None:
-    """Why a sampler that declares its options (``settings=None``) cannot be listed: its
-    module does not import, has no Settings dataclass, or names an option as a run setting
-    other than the shared sampler options."""
+    """Why a sampler's module cannot be listed: it does not import, has no Settings
+    dataclass, or names a field like a run setting that a sampler may not declare."""
     try:
         cls = getattr(importlib.import_module(e.module_path), "Settings", None)
     except BaseException as exc:  # noqa: BLE001 - another package's failure: said, not fatal
@@ -397,32 +332,6 @@ def _declaration_refusal(e: Entry) -> str | None:
     return None
 
 
-def _checked_settings(e: Entry) -> Callable:
-    """``e.settings``, whose failure or result of another kind is a one-line `ConfigError`
-    naming the sampler (a `ConfigError` of its own, a refusal, passes as it is)."""
-    build = e.settings
-
-    def settings(cfg):
-        try:
-            got = build(cfg)
-        except ConfigError:
-            raise
-        except Exception as exc:
-            raise ConfigError(
-                f"--algorithm {e.name}: its settings(config) failed ({first_line(exc)}); fix "
-                f"or uninstall the package that provides {e.module_path}"
-            ) from None
-        if not dataclasses.is_dataclass(got) or isinstance(got, type):
-            raise ConfigError(
-                f"--algorithm {e.name}: its settings(config) returned a value of type "
-                f"{type(got).__name__}, "
-                f"not a Settings dataclass; fix the package that provides {e.module_path}"
-            )
-        return got
-
-    return settings
-
-
 ENTRIES: tuple[Entry, ...] = BUILTIN + _plugins({e.name for e in BUILTIN})
 """Every algorithm a run can name: fedhmc's own, then other packages' (``PLUGIN_GROUP``)."""
 
@@ -431,7 +340,7 @@ NAMES: tuple[str, ...] = tuple(BY_NAME)
 """``--algorithm``'s choices, in the order the help lists them."""
 DEFAULT_ALGORITHM = NAMES[0]
 
-UNKNOWN = Entry("", module_path=None, settings=None)
+UNKNOWN = Entry("", module_path=None)
 """The facts of a name not listed: the config's choices check refuses it, and no check
 before that one speaks for it (every fact off, both backends)."""
 

@@ -16,12 +16,13 @@ in a ring buffer of δ + 1 slots: position θ_j sits in slot j mod (δ + 1), so 
 recent positions are always there and nothing else is copied. Randomness is counter-based
 (``fedhmc.core.rng``): the noise and the δ_l of step l come from the chain's key and l alone.
 A State counts its ``step`` calls (``round``); call r takes Euler steps l = r·T … r·T + T − 1
-(T = ``settings.steps``), so k calls of T steps give exactly the chain of one call of k·T
+(T = ``settings.local_steps``), so k calls of T steps give exactly the chain of one call of k·T
 steps.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -29,6 +30,7 @@ from typing import ClassVar
 
 import torch
 
+from fedhmc.algorithms import api
 from fedhmc.core import gradients, rng
 from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_STALE_NOISE
 from fedhmc.errors import ConfigError
@@ -38,79 +40,96 @@ STALENESS_LAWS = ("fixed", "uniform")
 """The laws of δ_l (``Settings.staleness_dist``)."""
 
 
+def friction_refusal(s) -> str | None:
+    """Why an Euler sampler's friction and step cannot run together (B·h > 1 makes the
+    momentum decay negative), or None."""
+    if s.friction is not None and s.step_size is not None and s.friction * s.step_size > 1:
+        return (
+            f"friction × step size = {s.friction * s.step_size:g} > 1 makes the momentum decay "
+            "negative; lower --friction or --step-size"
+        )
+    return None
+
+
+def default_friction(s) -> None:
+    """Set an Euler sampler's friction left unset (``s``: its frozen settings, being made):
+    0.1 / h for SGHMC, 0 for SGLD."""
+    if s.friction is None and s.step_size is not None:
+        friction = 0.1 / s.step_size if s.method == "sghmc" else 0.0
+        object.__setattr__(s, "friction", float(friction))
+
+
+def euler_defaults(s, step_size: float):
+    """An Euler sampler's settings ``s`` with the run's step where unset: h is the
+    dataset's η (``step_size``) for SGHMC and η²/2 for SGLD (FA-LD's learning rate)."""
+    if s.step_size is not None:
+        return s
+    h = step_size if s.method == "sghmc" else step_size**2 / 2
+    return dataclasses.replace(s, step_size=float(h))
+
+
 StaleGradFn = Callable[[torch.Tensor, int], torch.Tensor]
 """``grad_fn(theta (S, D), l) -> ∇Ũ (S, D)``: the Euler step l selects the minibatch."""
 
 
 @dataclass(frozen=True)
-class Settings:
-    """Settings of a stale-gradient SG-MCMC chain.
+class Settings(api.Settings):
+    """The options of a stale-gradient SG-MCMC chain on the pooled data (``method``,
+    ``sghmc`` or ``sgld``, is fixed by the algorithm's name; SGLD has no friction). A
+    friction left unset is 0.1 / h for SGHMC (B·h = 0.1) and 0 for SGLD."""
 
-    Attributes
-    ----------
-    method
-        ``"sghmc"`` or ``"sgld"``.
-    step_size
-        h > 0.
-    friction
-        B ≥ 0 (SGHMC only; B h ≤ 1 keeps the momentum decay in [0, 1]).
-    staleness
-        δ ≥ 0.
-    staleness_dist
-        ``"fixed"`` (δ_l = δ) or ``"uniform"`` (δ_l uniform on {0, …, δ}).
-    temperature
-        τ > 0: the chain targets exp(−U/τ).
-    grad_noise
-        σ_g ≥ 0 of Gaussian noise added to every gradient.
-    steps
-        Steps per call of ``step`` (the engine: T per round).
-    """
-
-    method: str
-    step_size: float
-    friction: float = 1.0
-    staleness: int = 0
-    staleness_dist: str = "fixed"
-    temperature: float = 1.0
-    grad_noise: float = 0.0
-    steps: int = 1
+    STEP_SYMBOL: ClassVar[str] = "h"
+    method: str = "sghmc"
+    step_size: float | None = api.option(
+        None,
+        "h, the Euler step (default: the dataset's η for SGHMC, η²/2 for SGLD, FA-LD's "
+        "learning rate)",
+        low=0,
+        low_open=True,
+    )
+    friction: float | None = api.option(
+        None, "B, the momentum's friction (default 0.1 / h: B·h = 0.1)", low=0
+    )
+    staleness: int = api.option(0, "δ, the gradient staleness in steps", low=0)
+    staleness_dist: str = api.option(
+        "fixed",
+        "each step's staleness δₗ is δ (fixed) or uniform on {0, …, δ}",
+        choices=STALENESS_LAWS,
+    )
+    temperature: float = api.option(
+        1.0, "τ, the posterior temperature: the target is exp(−f/τ)", low=0, low_open=True
+    )
+    grad_noise: float = api.option(
+        0.0, "σ_g, the std of the Gaussian noise added to every gradient", low=0
+    )
+    local_steps: int = api.option(10, "the Euler steps per round", low=1)
 
     def __post_init__(self) -> None:
+        default_friction(self)
+        super().__post_init__()
+
+    def check(self) -> str | None:
         if self.method not in METHODS:
-            raise ConfigError(f"method must be one of {', '.join(METHODS)}; got {self.method!r}")
-        if not (math.isfinite(self.step_size) and self.step_size > 0):
-            raise ConfigError(f"step size h must be > 0, got {self.step_size}")
-        if not (math.isfinite(self.friction) and self.friction >= 0):
-            raise ConfigError(f"friction B must be ≥ 0, got {self.friction}")
-        if self.method == "sghmc" and self.friction * self.step_size > 1:
-            raise ConfigError(
-                f"friction × step size = {self.friction * self.step_size:g} > 1 makes the "
-                "momentum decay negative; lower --friction or --step-size"
-            )
-        if int(self.staleness) != self.staleness or self.staleness < 0:
-            raise ConfigError(f"staleness δ must be an integer ≥ 0, got {self.staleness}")
-        if self.staleness_dist not in STALENESS_LAWS:
-            raise ConfigError(
-                f"staleness distribution must be one of {', '.join(STALENESS_LAWS)}; "
-                f"got {self.staleness_dist!r}"
-            )
-        if not (math.isfinite(self.temperature) and self.temperature > 0):
-            raise ConfigError(f"temperature must be > 0, got {self.temperature}")
+            return f"method must be one of {', '.join(METHODS)}; got {self.method!r}"
+        return friction_refusal(self)
+
+    def with_defaults(self, step_size: float):
+        return euler_defaults(self, step_size)
 
 
 def _round_of_euler_steps(euler_steps: int, settings: Settings | None) -> dict:
     """An earlier version's saved ``step`` (the Euler steps taken, l) as ``round`` (the
-    ``step`` calls, ``settings.steps`` Euler steps each): what ``State.RENAMED`` reads."""
+    ``step`` calls, ``settings.local_steps`` Euler steps each): what ``State.RENAMED`` reads."""
     if settings is None:
         raise ConfigError(
             "cannot resume: the checkpoint counts SGHMC / SGLD steps, and reading them as "
             "rounds needs the run's settings"
         )
-    rounds, rest = divmod(int(euler_steps), int(settings.steps))
+    rounds, rest = divmod(int(euler_steps), int(settings.local_steps))
     if rest:
         raise ConfigError(
             f"cannot resume: the checkpoint's {euler_steps} SGHMC / SGLD steps are not whole "
-            f"rounds of {settings.steps} steps; start the run again with --overwrite"
+            f"rounds of {settings.local_steps} steps; start the run again with --overwrite"
         )
     return {"round": rounds}
 
@@ -127,7 +146,7 @@ class State:
     """The last δ + 1 positions, (δ + 1, S, D): θ_j in slot j mod (δ + 1)."""
     round: int = 0
     """The number of ``step`` calls so far: the chains have taken l = round × T Euler steps
-    (T = ``settings.steps``)."""
+    (T = ``settings.local_steps``)."""
 
     RENAMED: ClassVar[dict] = {"step": _round_of_euler_steps}
     """Checkpoints of earlier versions saved l, the Euler steps taken, as ``step``."""
@@ -202,7 +221,7 @@ def euler_step(
 
 
 def _advance(state: State, grad_fn: StaleGradFn, settings: Settings, keys: torch.Tensor) -> State:
-    """The ``settings.steps`` Euler steps of round ``state.round`` (l = round × T …
+    """The ``settings.local_steps`` Euler steps of round ``state.round`` (l = round × T …
     round × T + T − 1) of stale SGHMC or SGLD from ``state`` (not modified), with the
     chains' keys (S,) and ∇Ũ at positions (S, D) for step l."""
     theta, q, ring = state.position.clone(), state.momentum.clone(), state.ring.clone()
@@ -211,8 +230,8 @@ def _advance(state: State, grad_fn: StaleGradFn, settings: Settings, keys: torch
     h, B = settings.step_size, settings.friction
     noise_keys = rng.derive(keys, STREAM_STALE_NOISE)
     chain_idx = torch.arange(S, device=theta.device)
-    first = state.round * settings.steps  # the Euler steps taken before this round
-    for l in range(first, first + settings.steps):  # noqa: E741 (the paper's step index)
+    first = state.round * settings.local_steps  # the Euler steps taken before this round
+    for l in range(first, first + settings.local_steps):  # noqa: E741 (the paper's step index)
         tau_l = delays(keys, l, settings)
         src = torch.remainder(l - tau_l, slots)  # slot of θ_{max(l − δ_l, 0)}
         stale = theta if settings.staleness == 0 else ring[src, chain_idx]
@@ -241,8 +260,8 @@ def oracle_grad_fn(target, keys: torch.Tensor) -> StaleGradFn:
 
 
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
-    """``settings.steps`` steps of stale SGHMC or SGLD on every chain: Euler steps
-    l = r·T … r·T + T − 1 of round r = ``state.round`` (T = ``settings.steps``).
+    """``settings.local_steps`` steps of stale SGHMC or SGLD on every chain: Euler steps
+    l = r·T … r·T + T − 1 of round r = ``state.round`` (T = ``settings.local_steps``).
 
     ``seed`` is the run seed (chain s draws from ``chain_keys(seed, S)[s]``); ``target`` a
     one-client [`Target`][fedhmc.models.protocols.Target]: the pooled data's target, or
@@ -258,5 +277,5 @@ def step(seed: int, state: State, target, settings: Settings) -> tuple[State, In
             return gradients.add_noise(exact(theta, l), noise, l, settings.grad_noise)
 
     new = _advance(state, grad, settings, keys)
-    steps = settings.steps * state.position.shape[0]
+    steps = settings.local_steps * state.position.shape[0]
     return new, Info(steps, bool(torch.isfinite(new.momentum).all()), 1, None)

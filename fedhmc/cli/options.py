@@ -83,14 +83,19 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
             help=help_,
         )
 
-    for o in sampler_options().values():  # the samplers' own options
+    for o in sampler_options().values():  # the samplers' options (their help: each one's)
         if only is not None and o.name not in only:
             continue
         target = groups["algorithm"] if only is None else parser
+        if o.type is bool:  # --fresh-gradients, --no-fresh-gradients
+            target.add_argument(
+                o.flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,
+                help=o.help,
+            )  # fmt: skip
+            continue
         kind = o.type.__name__.upper() if not o.choices else None
-        help_ = f"{o.help} (default: {o.default})"
         target.add_argument(
-            o.flag, default=argparse.SUPPRESS, choices=o.choices or None, metavar=kind, help=help_
+            o.flag, default=argparse.SUPPRESS, choices=o.choices or None, metavar=kind, help=o.help
         )
 
 

@@ -94,7 +94,7 @@ def _blr_eta_cells(base: dict, etas: list, noises) -> list[tuple[str, dict, dict
     for noise in noises:
         for eta in etas:
             for algo in ("fahmc", "fald"):
-                fixed = registry.entry(algo).fixed_leapfrog_steps  # FA-LD: K = 1
+                fixed = registry.entry(algo).fixed_value("leapfrog_steps")  # FA-LD: K = 1
                 K = max(1, math.floor(math.pi / (3 * eta))) if fixed is None else fixed
                 settings = {**base, "algorithm": algo, "step-size": eta, "grad-noise": noise}
                 if fixed is None:

@@ -76,7 +76,7 @@ def blr_protocol_settings(protocol: str, eta: float, K: int, T: int, noise: floa
             grad_noise=noise,
             sync_unit="leapfrog",
             fresh_gradients=True,
-            restart=True,
+            restart_trajectories=True,
         )
     return fahmc.Settings(eta, K, T, grad_noise=noise)
 

@@ -84,7 +84,7 @@ def _stale_run(tau: int, oracle, phi_bar: float, chains: int, seed: int, frictio
 
     L = L0 * tau
     h = C * tau ** (-2.0 / 3.0) * L ** (-1.0 / 3.0)
-    settings = stale.Settings("sghmc", h, friction=friction, staleness=tau)
+    settings = stale.Settings("sghmc", h, friction=friction, staleness=tau, local_steps=1)
     state = stale.init(torch.zeros(chains, 1, dtype=torch.float64), settings)
     total = torch.zeros(chains, dtype=torch.float64)
     checkpoints, mse_curve = [], []

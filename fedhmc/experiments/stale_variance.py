@@ -37,12 +37,12 @@ def stale_variance(out_dir: Path, *, quick: bool = False, seed: int = 0) -> dict
     chains = 20 if quick else 100
     h = 2e-5
     target, test_loss = _breast_cancer_blr(chains, seed)
-    warm = stale.Settings("sgld", h, steps=burn)
+    warm = stale.Settings("sgld", h, local_steps=burn)
     start, _ = stale.step(seed, stale.init(torch.zeros(chains, target.dim), warm), target, warm)
     rows, curves = [], {}
     for W in track(workers, "workers", "W"):
         row, curves[W] = _stale_variance_run(
-            W, (start, warm.steps), target, test_loss, (per_worker, chains, h), seed
+            W, (start, warm.local_steps), target, test_loss, (per_worker, chains, h), seed
         )
         rows.append(row)
     base = rows[0]["variance"]
@@ -96,8 +96,8 @@ def _stale_variance_run(W: int, warm: tuple, target, test_loss, budget: tuple, s
     h)); the table row and the variance curve (iterations per worker, variance)."""
     from fedhmc.algorithms import stale
 
-    (start, warm_steps), (per_worker, chains, h) = warm, budget
-    settings = stale.Settings("sgld", h, staleness=W - 1)
+    (start, warm.local_steps), (per_worker, chains, h) = warm, budget
+    settings = stale.Settings("sgld", h, staleness=W - 1, local_steps=1)
     # Continue at Euler step l = burn: one step a round, so as at round burn.
     state = dataclasses.replace(
         stale.init(start.position, settings), round=start.round * warm_steps

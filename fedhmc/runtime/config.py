@@ -22,7 +22,7 @@ from collections.abc import Collection
 from dataclasses import dataclass, field, fields
 
 from fedhmc.algorithms import api, registry
-from fedhmc.core import MINIBATCH_LAWS, PARTICIPATION_SCHEMES, SYNC_UNITS
+from fedhmc.core import MINIBATCH_LAWS, PARTICIPATION_SCHEMES
 from fedhmc.errors import ConfigError
 from fedhmc.models import BATCHINGS
 
@@ -38,7 +38,6 @@ BACKENDS = ("engine", "flower")
 """``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""
 
 ALGORITHMS = registry.NAMES
-STALENESS_DISTS = ("fixed", "uniform")
 MODELS = ("logistic", "mlp", "cnn")
 """The built-in models; ``--model`` also takes PACKAGE.MODULE:FACTORY (any nn.Module)."""
 ON_FAILURE = ("renormalize", "stop")
@@ -49,9 +48,6 @@ PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
 INITS = ("auto", "zeros", "normal", "module", "torch-linear")
 MAX_SEED = 2**32 - 1
 """The largest ``--seed``: the data split's random state (scikit-learn's) takes 32 bits."""
-MAX_STEP_SIZE = 1e15
-"""The largest ``--step-size``: η²/2 stays finite in float32 (and far beyond any step that
-samples)."""
 IN_MEMORY = "<in-memory tensors>"
 """What ``config.json`` records as the dataset of data given to Python as tensors."""
 
@@ -109,30 +105,18 @@ NULLABLE = (
     *_SPLIT_SETTINGS,
     "scaling",
     "ece_bins",
-    "rho",
-    "anchor_batch_size",
-    "staleness",
-    "staleness_dist",
-    "max_staleness",
     "max_worker_failures",
     *_FLOWER_SETTINGS,
-    "participation",
     *api.SHARED,
 )
 """The settings that ``config.json`` records as ``null`` where they played no part in the
 run (`recorded_settings`); a ``null`` one reads back as its default."""
 
 
-def _samplers(fact) -> str:
-    """The ``--algorithm`` names whose registry entry has ``fact``, as "a, b or c"."""
-    names = [e.name for e in registry.ENTRIES if fact(e)]
-    return " or ".join([", ".join(names[:-1]), names[-1]] if len(names) > 1 else names)
-
-
 SAMPLER_OPTIONS = "sampler-options"
-"""The Flower run-config key of the options a sampler declares itself, as
-``"quantization-levels=4;reference-refresh=3"`` (Flower's run config holds the keys its
-app lists, and a plugin's options are not among them)."""
+"""The Flower run-config key of the options of samplers from other packages, as
+``"drift-correction=0.5;friction=2"`` (Flower's run config holds the keys its app lists:
+fedhmc's own samplers' options are keys of their own, a plugin's are not)."""
 
 
 def _parse_sampler_options(text, declared: dict) -> dict:
@@ -153,22 +137,27 @@ def _parse_sampler_options(text, declared: dict) -> dict:
     return out
 
 
+def _sampler_help(e: registry.Entry, o: api.Option) -> str:
+    """Option ``o``'s help under sampler ``e``, with its default where the help gives
+    none."""
+    if o.default is None or "default" in o.help or o.type is bool:
+        return o.help
+    return f"{o.help} (default {_shown(o.default)})"
+
+
 @functools.cache
 def sampler_options() -> dict[str, api.Option]:
-    """The options that samplers declare in their own Settings and that are not the run's
-    fields (``--quantization-levels``, a plugin's own), by field name. An option that
-    several samplers declare is one option; its help names each sampler's meaning. One
-    whose name or type clashes with what is listed already is left out with a line on
-    stderr."""
+    """The options that samplers declare in their own Settings (``--leapfrog-steps``,
+    ``--quantization-levels``, a plugin's own), by field name. An option that several
+    samplers declare is one option; its help names each sampler's meaning. One whose name
+    or type clashes with what is listed already is left out with a line on stderr."""
     own = {f.name for f in fields(RunConfig)}
     found: dict[str, api.Option] = {}
     helps: dict[str, dict[str, list[str]]] = {}
     for e in registry.ENTRIES:
-        if not e.declares_options:
-            continue
         for o in e.options:
             if o.name in own:
-                continue  # a shared option: the run's field
+                continue  # the run's own setting (who takes part in a round)
             if o.name in found and found[o.name].type is not o.type:
                 print(
                     f"fedhmc: option {o.flag} of --algorithm {e.name} left out: another "
@@ -177,50 +166,27 @@ def sampler_options() -> dict[str, api.Option]:
                 )
                 continue
             found.setdefault(o.name, o)
-            helps.setdefault(o.name, {}).setdefault(o.help, []).append(e.name)
+            helps.setdefault(o.name, {}).setdefault(_sampler_help(e, o), []).append(e.name)
     for name, by_help in helps.items():
         text = "; ".join(f"{', '.join(who)}: {h}" for h, who in by_help.items())
-        found[name] = dataclasses.replace(found[name], help=text)
+        found[name] = dataclasses.replace(found[name], help=text, default=None)
     return found
 
 
-def own_options_clause(algo: registry.Entry, config: dict | None = None) -> str:
-    """The clause " (its options: --step-size, --quantization-levels)": the options of a
-    sampler that declares them, or of one whose options are the run's fields, those of the
-    run's sampler options that a run ``config`` (a settings dict) would use ("" without
-    one)."""
-    if algo.declares_options:
-        names = [n for n in algo.field_names if n not in dict(algo.fixed)]
-    elif config is not None:
-        names = [n for n in _builtin_options(algo) if n not in unused_settings(config)]
-    else:
-        return ""
-    flags = ["--" + n.replace("_", "-") for n in names]
+@functools.cache
+def builtin_option_keys() -> tuple[str, ...]:
+    """The run-config keys of fedhmc's own samplers' options: keys of their own in
+    Flower's run config (``pyproject.toml``), where a plugin's travel in
+    ``SAMPLER_OPTIONS``."""
+    names = {o.name for e in registry.BUILTIN for o in e.options}
+    return tuple(o.key for n, o in sampler_options().items() if n in names)
+
+
+def own_options_clause(algo: registry.Entry) -> str:
+    """The clause " (its options: --step-size, --quantization-levels)": the options a run
+    may give for sampler ``algo``."""
+    flags = ["--" + n.replace("_", "-") for n in algo.own]
     return f" (its options: {', '.join(flags)})" if flags else " (it has no options)"
-
-
-def _builtin_options(algo: registry.Entry) -> list[str]:
-    """The run's sampler options that a built-in sampler (its options the run's fields)
-    uses, from its registry entry's facts."""
-    facts = [
-        ("step_size", True),
-        ("local_steps", True),
-        ("leapfrog_steps", algo.leapfrog and algo.fixed_leapfrog_steps is None),
-        ("rho", algo.leapfrog),
-        ("grad_noise", True),
-        ("temperature", True),
-        ("friction", algo.euler and algo.momentum),
-        ("staleness", not algo.federated),
-        ("staleness_dist", not algo.federated),
-        ("max_staleness", algo.asynchronous),
-        ("anchor_batch_size", algo.anchor),
-        ("sync_unit", algo.trajectory_options),
-        ("fresh_gradients", algo.trajectory_options),
-        ("restart_trajectories", algo.trajectory_options),
-        ("clients_per_round", algo.partial_participation),
-        ("participation", algo.partial_participation),
-    ]
-    return [name for name, uses in facts if uses]
 
 
 def applies_to(key: str) -> str:
@@ -229,18 +195,14 @@ def applies_to(key: str) -> str:
     network = "a network given as an nn.Module (--model cnn or PACKAGE.MODULE:FACTORY)"
     if key in _SPLIT_USES:
         return f"--partition {_SPLIT_USES[key]}"
+    asynchronous = [e.name for e in registry.ENTRIES if e.asynchronous]
     table = {
         "hidden": "--model mlp",
         "model_batching": network,
         "compile": network,
-        "rho": "--algorithm " + _samplers(lambda e: e.leapfrog),
-        "anchor_batch_size": "--algorithm " + _samplers(lambda e: e.anchor),
-        "staleness": "--algorithm " + _samplers(lambda e: not e.federated),
-        "max_staleness": "--algorithm " + _samplers(lambda e: e.asynchronous),
         "participation": "--clients-per-round",
+        "max_worker_failures": "--algorithm " + " or ".join(asynchronous),
     }
-    table["staleness_dist"] = table["staleness"]
-    table["max_worker_failures"] = table["max_staleness"]
     if key in _FLOWER_SETTINGS:
         return "--backend flower"
     return table.get(key, "a dataset of examples (not a Gaussian target, which has no data)")
@@ -249,16 +211,11 @@ def applies_to(key: str) -> str:
 def refuse_unused(cfg: RunConfig, given: Collection[str]) -> None:
     """Refuse, in one line, an option given for a run (``given``: RunConfig field names)
     that the resolved run ``cfg`` would make no use of: the MLP's ``--hidden`` with
-    ``--model cnn``, ``--round-timeout`` on the engine, ``--max-staleness`` with FA-HMC."""
-    algo = registry.find(cfg.algorithm)
+    ``--model cnn``, ``--round-timeout`` on the engine. (A sampler's option that the run's
+    sampler lacks is refused when the config is checked.)"""
     for key in unused_settings(cfg.to_dict()):
         if key in given:
             flag = "--" + key.replace("_", "-")
-            if algo.declares_options and key in api.SHARED and key not in algo.field_names:
-                raise ConfigError(
-                    f"{flag} is not an option of --algorithm {cfg.algorithm}"
-                    f"{own_options_clause(algo)}; drop {flag}"
-                )
             value = getattr(cfg, key, None)
             shown = flag if isinstance(value, bool) or value is None else f"{flag} {value}"
             raise ConfigError(
@@ -268,10 +225,10 @@ def refuse_unused(cfg: RunConfig, given: Collection[str]) -> None:
 
 
 def unused_settings(config: dict) -> list[str]:
-    """The settings of a resolved run's settings dict (``RunConfig.to_dict``, or a
+    """The run settings of a resolved run's settings dict (``RunConfig.to_dict``, or a
     ``config.json``) that played no part in the run: the MLP's ``hidden`` for any other
     model, ``dirichlet_alpha`` for a split that is not Dirichlet, the Flower options on the
-    engine, and so on."""
+    engine, and so on. (A sampler's options are its own: none is unused.)"""
     from fedhmc.runtime.presets import GAUSSIAN_TARGETS
 
     c = config
@@ -285,18 +242,9 @@ def unused_settings(config: dict) -> list[str]:
         if c.get("model") in ("logistic", "mlp"):
             unused += ["model_batching", "compile"]
         unused += [k for k in _SPLIT_SETTINGS if c.get("partition") != _SPLIT_USES[k]]
-    if algo.declares_options:  # the run's sampler options that its Settings lack
-        unused += [k for k in api.SHARED if k not in algo.field_names and k != "participation"]
-        if "clients_per_round" not in algo.field_names:
-            unused.append("participation")
-    elif algo.euler:
-        unused.append("rho")
-    if not algo.anchor:
-        unused.append("anchor_batch_size")
-    if algo.federated:  # (not the stale-gradient samplers on the pooled data)
-        unused += ["staleness", "staleness_dist"]
+    unused += [k for k in api.SHARED if k not in algo.own]
     if not algo.asynchronous:
-        unused += ["max_staleness", "max_worker_failures"]
+        unused.append("max_worker_failures")
     if c.get("backend") == "engine":
         unused += list(_FLOWER_SETTINGS)
     if c.get("clients_per_round") is None:
@@ -310,24 +258,43 @@ with (before ``--compile``, no gradient was compiled)."""
 
 
 def with_settings_added(config: dict) -> dict:
-    """A saved run's settings (a ``config.json`` or a checkpoint's) with ``SETTINGS_ADDED``
-    where it was recorded before they existed."""
-    return {**SETTINGS_ADDED, **config}
+    """A saved run's settings (a ``config.json`` or a checkpoint's) as this fedhmc reads
+    them: with ``SETTINGS_ADDED`` where it was recorded before they existed, and without the
+    options of other samplers than its own (a run recorded while every sampler's options
+    were settings of every run holds them, unused)."""
+    out = {**SETTINGS_ADDED, **config}
+    algo = registry.find(out.get("algorithm"))
+    if algo.module_path is not None:
+        mine = {o.name for o in api.options(algo.settings_class)}
+        for name in sampler_options():
+            if name not in mine:
+                out.pop(name, None)
+    return out
 
 
 def recorded_settings(config: dict) -> dict:
-    """``config`` (a resolved run's settings dict, or a ``config.json``) with the settings
-    that played no part in the run set to ``None``: what ``config.json`` records.
+    """``config`` (a resolved run's settings dict, or a ``config.json``) as it is compared:
+    the run settings that played no part in the run set to ``None``, and of the samplers'
+    options only the run's sampler's own, each with its value (its default, or the value
+    its name fixes, where none was recorded).
 
     Applying it to both sides of a comparison (a resume's checkpoint and the new run, a
     sweep cell's ``config.json`` and its settings) compares what the runs computed with;
     it is idempotent, so a ``config.json`` written before it existed compares the same
     (``with_settings_added``).
     """
-    out = with_settings_added(config)
+    saved = with_settings_added(config)
+    out = {k: v for k, v in saved.items() if k not in sampler_options()}
     for key in unused_settings(config):
         if key in out:
             out[key] = None
+    algo = registry.find(out.get("algorithm"))
+    for o in api.options(algo.settings_class) if algo.module_path else ():
+        # (a run recorded before its sampler's defaults were recorded: those)
+        value = saved.get(o.name)
+        value = algo.fixed_value(o.name, o.default) if value is None else value
+        if value is not None and o.name not in RunConfig.__dataclass_fields__:
+            out[o.name] = value
     return out
 
 
@@ -335,25 +302,24 @@ STEP_SIZE_MEANINGS = {
     "eta": "η, the leapfrog step (FA-LD's Langevin learning rate is η²/2)",
     "h": "h, the Euler step of SGHMC / SGLD",
 }
-"""What ``--step-size`` is, by its symbol in sweep cell ids."""
+"""What ``--step-size`` is, by its symbol in sweep cell ids (fedhmc's FA-HMC family and its
+Euler samplers; another sampler's is its option's help)."""
 
 
 def step_size_symbol(algorithm: str) -> str:
-    """The symbol of ``--step-size`` under ``algorithm``: ``eta`` for the leapfrog samplers,
-    ``h`` for the Euler ones, ``step`` for a sampler that declares its own options."""
-    e = registry.find(algorithm)
-    if e.declares_options:
-        return "step"
-    return "h" if e.euler else "eta"
+    """The symbol of ``--step-size`` under ``algorithm`` (sweep cell ids): ``eta`` for the
+    leapfrog samplers, ``h`` for the Euler ones, ``step`` for the others (their Settings'
+    ``STEP_SYMBOL``)."""
+    return registry.find(algorithm).step_symbol
 
 
 def step_size_meaning(algorithm: str) -> str:
-    """What ``--step-size`` means under ``algorithm``, in words (``config.json`` records it):
-    a sampler that declares its options says it in its option's help."""
+    """What ``--step-size`` means under ``algorithm``, in words (``config.json`` records it)."""
     e = registry.find(algorithm)
-    if e.declares_options:
-        return next((o.help for o in e.options if o.name == "step_size"), "its step size")
-    return STEP_SIZE_MEANINGS[step_size_symbol(algorithm)]
+    symbol = e.step_symbol
+    if symbol in STEP_SIZE_MEANINGS:
+        return STEP_SIZE_MEANINGS[symbol]
+    return next((o.help for o in e.options if o.name == "step_size"), "its step size")
 
 
 def protocol_settings(protocol: str, dataset: str) -> dict:
@@ -462,10 +428,7 @@ class RunConfig:
     # Sampler
     algorithm: str = _f(
         registry.DEFAULT_ALGORITHM,
-        "`fahmc`; `fald` (FA-LD: K = 1); `fahmc-debiased` (SCAFFOLD-style control "
-        "variate); `sghmc` or `sgld` (stale-gradient SG-MCMC on the pooled data); "
-        "`async-sghmc` or `async-sgld` (asynchronous distributed SG-MCMC on Flower: `--chains` "
-        "servers, `--num-clients` workers)",
+        "the sampler: " + "; ".join(f"`{e.name}`, {e.summary}" for e in registry.ENTRIES),
         choices=ALGORITHMS,
     )
     options: tuple = _f(
@@ -483,38 +446,6 @@ class RunConfig:
         "explicit options override it",
         choices=PROTOCOLS,
     )
-    local_steps: int = _f(
-        10,
-        "T: local iterations per communication round (leapfrog steps with `--sync-unit leapfrog`)",
-    )
-    sync_unit: str | None = _f(
-        None,
-        "what T counts: iteration (T whole trajectories, then positions averaged: "
-        "Algorithm 3) or leapfrog (T leapfrog steps on a global counter, then positions and "
-        "momenta averaged, mid-trajectory too)",
-        choices=SYNC_UNITS,
-    )
-    fresh_gradients: bool | None = _f(
-        None,
-        "two fresh minibatch gradients per leapfrog step (2K per trajectory) instead of "
-        "reusing the end-of-step gradient (K + 1)",
-    )
-    restart_trajectories: bool | None = _f(
-        None,
-        "`--sync-unit leapfrog`: an outer iteration is T trajectories (K rounds), each "
-        "restarting from the position broadcast at its start, which becomes the average at "
-        "its end (the authors' simulated-BLR code)",
-    )
-    leapfrog_steps: int | None = _f(
-        None, "K: leapfrog steps per iteration (default 10; 1 for fald)"
-    )
-    step_size: float | None = _f(
-        None,
-        "the algorithm's own step (default per dataset): η, the leapfrog step, for `fahmc`, "
-        "`fald` and `fahmc-debiased` (FA-LD's Langevin learning rate is η²/2); h, the Euler "
-        "step, for `sghmc`, `sgld`, `async-sghmc` and `async-sgld`",
-    )
-    rho: float = _f(1.0, "ρ: momentum correlation across clients, in [0, 1]")
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
     minibatch: str | None = _f(
         None,
@@ -522,11 +453,8 @@ class RunConfig:
         "data permuted once per pass and cut into batches)",
         choices=MINIBATCH_LAWS,
     )
-    anchor_batch_size: int = _f(
-        0, "`fahmc-debiased`: batch of the clients' gradients at the anchor (0: full local data)"
-    )
     clients_per_round: int | None = _f(
-        None, "S: clients drawn each round, 1 … N (fahmc, fald; default: every client)"
+        None, "S: clients drawn each round, 1 … N (default: every client)"
     )
     participation: str | None = _f(
         None,
@@ -536,24 +464,10 @@ class RunConfig:
         "normalized (S distinct clients, their shares renormalised to sum to one; default)",
         choices=PARTICIPATION_SCHEMES,
     )
-    staleness: int = _f(0, "sghmc/sgld: gradient staleness δ (steps)")
-    staleness_dist: str = _f(
-        "fixed",
-        "sghmc/sgld: each step's staleness δₗ is δ (fixed) or uniform on {0, …, δ}",
-        choices=STALENESS_DISTS,
-    )
-    friction: float | None = _f(None, "sghmc: friction B (default 0.1 / step size: B·h = 0.1)")
-    max_staleness: int = _f(
-        10, "`async-sghmc`, `async-sgld`: drop a gradient staler than this many server updates"
-    )
     max_worker_failures: int = _f(
         3, "`async-sghmc`, `async-sgld`: retire a worker after this many failed replies in a row"
     )
-    grad_noise: float = _f(0.0, "std of the Gaussian noise added to every gradient")
     prior_std: float | None = _f(None, "σ₀ of the N(0, σ₀² I) prior (default per dataset)")
-    temperature: float | None = _f(
-        None, "posterior temperature τ: the target is exp(−f/τ) (default 1)"
-    )
     # Run
     rounds: int = _f(200, "communication rounds")
     burn_in: int | None = _f(None, "rounds before samples are collected (default rounds/10)")
@@ -677,7 +591,10 @@ class RunConfig:
             if f.name != "options":
                 v = getattr(self, f.name)
                 out[f.name.replace("_", "-")] = "" if v is None else v
-        out[SAMPLER_OPTIONS] = ";".join(f"{k.replace('_', '-')}={v}" for k, v in self.options)
+        builtin = set(builtin_option_keys())
+        given = {k.replace("_", "-"): v for k, v in self.options}
+        out.update({k: given.get(k, "") for k in builtin})
+        out[SAMPLER_OPTIONS] = ";".join(f"{k}={v}" for k, v in given.items() if k not in builtin)
         return out
 
     def to_dict(self) -> dict[str, typing.Any]:
@@ -693,8 +610,15 @@ class RunConfig:
         return out
 
     def option(self, name: str):
-        """The value given for the sampler's declared option ``name``, or None."""
+        """The value given for the sampler's option ``name``, or None."""
         return dict(self.options).get(name)
+
+    def __getattr__(self, name: str):
+        """A sampler's option by its name (``cfg.leapfrog_steps``): its value, the
+        sampler's resolved value in a resolved config, or None where it is not given."""
+        if name.startswith("_") or name not in sampler_options():
+            raise AttributeError(f"RunConfig has no setting {name!r}")
+        return dict(self.__dict__.get("options", ())).get(name)
 
     def recorded(self) -> dict[str, typing.Any]:
         """What ``config.json`` records: ``to_dict`` of this resolved config with the
@@ -733,16 +657,17 @@ class RunConfig:
                 parts.append("1 client")
             else:
                 parts.append(f"all {n} clients every round")
-        symbol = {"eta": "η"}.get(step_size_symbol(self.algorithm), "h")
-        steps = f"{symbol}={self.step_size:g}"
-        if algo.declares_options:
-            values = algo.build_settings(self)
-            shown = [f for f in algo.field_names if f not in dict(algo.fixed)]
-            tail = " ".join(f"{f.replace('_', '-')}={_shown(getattr(values, f))}" for f in shown)
-        elif algo.euler:
-            tail = f"{self.local_steps} steps a round {steps}"
+        symbol = algo.step_symbol
+        if symbol == "eta":
+            tail = (
+                f"K={self.leapfrog_steps} T={self.local_steps} η={self.step_size:g} ρ={self.rho:g}"
+            )
+        elif symbol == "h" and self.local_steps is not None:
+            tail = f"{self.local_steps} steps a round h={self.step_size:g}"
+        elif symbol == "h":
+            tail = f"h={self.step_size:g}"
         else:
-            tail = f"K={self.leapfrog_steps} T={self.local_steps} {steps} ρ={self.rho:g}"
+            tail = " ".join(f"{o.key}={_shown(getattr(self, o.name))}" for o in algo.options)
         return ", ".join(parts) + ", " + tail
 
     @property
@@ -785,33 +710,39 @@ class RunConfig:
     # ------------------------------------------------------------- resolution
     def resolve(self) -> RunConfig:
         """Fill the dataset defaults and validate; returns a config with no ``None`` left
-        except ``data_dir`` and ``out``. Raises ``ConfigError`` with a one-line message.
+        except ``data_dir`` and ``out`` and the settings its sampler does not have. Raises
+        ``ConfigError`` with a one-line message.
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
         # (before the defaults, some of which divide by the dimension)
         _need(self.dim is None or self.dim >= 1, f"--dim must be ≥ 1, got {self.dim}")
+        _need(
+            self.algorithm in ALGORITHMS,
+            f"--algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}",
+        )
         cfg = self._resolve_model_and_data()
         builtin = isinstance(cfg.dataset, str) and cfg.user_data_file is None
         model_key = cfg.model if cfg.model in ("logistic", "mlp") else "module"
         d = dataset_defaults(cfg.dataset if builtin else USER_DATA, model_key, cfg.dim)
         algo = registry.find(cfg.algorithm)
-        cfg = cfg._resolve_protocol(algo)._resolve_steps(algo, d)._fill_defaults(d, builtin)
+        cfg = cfg._resolve_protocol(algo)._resolve_sampler(algo, d)._fill_defaults(d, builtin)
         cfg.validate()
         return cfg
 
     def _resolve_protocol(self, algo: registry.Entry) -> RunConfig:
         """``--protocol`` checked (default algorithm3), and the options it sets filled in
-        where they are unset."""
+        where they are unset (of the sampler's, those it has)."""
         if self.protocol is not None and self.protocol not in PROTOCOLS:
             raise ConfigError(
                 f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
             )
         protocol = self.protocol or "algorithm3"
         if protocol not in algo.protocols:
+            runs = [e.name for e in registry.ENTRIES if protocol in e.protocols]
             raise ConfigError(
-                f"--protocol authors is a way to run FA-HMC; use --algorithm fahmc or fald, "
-                f"not {self.algorithm}"
+                f"--protocol {protocol} is a way to run FA-HMC; use --algorithm "
+                f"{' or '.join(runs)}, not {self.algorithm}"
             )
         unset = {
             **_GENERIC_DEFAULTS,
@@ -820,65 +751,58 @@ class RunConfig:
         if self.model not in ("logistic", "mlp") and self.init is None:
             # The authors' nn.Linear start, for any other network: its own initialisation.
             unset["init"] = {"torch-linear": "module"}.get(unset["init"], unset["init"])
+        run = {f.name for f in fields(self)}
+        mine = set(algo.own) | run
         return self.replace(
             protocol=protocol,
-            **{k: v for k, v in unset.items() if getattr(self, k) is None},
+            **{k: v for k, v in unset.items() if k in mine and getattr(self, k) is None},
         )
 
-    def _resolve_steps(self, algo: registry.Entry, d: dict) -> RunConfig:
-        """K, the step size, the friction and the chains that ``algo`` implies (``d``: the
-        dataset's defaults), and the pooled data of the stale-gradient samplers. What is
-        left unset takes the dataset's default in `_fill_defaults`."""
-        k = self.leapfrog_steps
-        if algo.fixed_leapfrog_steps is not None:
-            if k not in (None, algo.fixed_leapfrog_steps):
+    def _resolve_sampler(self, algo: registry.Entry, d: dict) -> RunConfig:
+        """The sampler's options checked and filled in: its Settings from the given
+        options (an option it lacks refused in one line naming its own), with the run's
+        defaults where unset (the step size from the dataset's, ``d``); every option's
+        value recorded in ``options``. Also the chains and the pooled data that the kind of
+        sampler implies."""
+        self._check_given_options(algo)
+        settings = algo.build_settings(self).with_defaults(d["step_size"])
+        run = {f.name for f in fields(self)}
+        values = {
+            o.name: getattr(settings, o.name)
+            for o in api.options(algo.settings_class)
+            if o.name not in run and getattr(settings, o.name) is not None
+        }
+        changes: dict[str, typing.Any] = {"options": tuple(sorted(values.items()))}
+        if algo.asynchronous and self.chains is None:
+            changes["chains"] = 1  # one server per chain, each with its own workers
+        if algo.kind == registry.POOLED and self.dataset != "gaussian-hetero":
+            changes.update(num_clients=1, partition="iid")  # the pooled data: one "client"
+        return self.replace(**changes)
+
+    def _check_given_options(self, algo: registry.Entry) -> None:
+        """Refuse a sampler option that ``algo`` does not have, naming its own, and one
+        that its name fixes to another value."""
+        own = set(algo.own)
+        for name, value in self.options:
+            flag = "--" + name.replace("_", "-")
+            fixed = dict(algo.fixed)
+            if name in fixed and value == fixed[name]:
+                continue  # (what the name means anyway: fald's K = 1)
+            if name in fixed:
                 raise ConfigError(
-                    f"--algorithm fald means K = 1, but --leapfrog-steps is {k}; "
-                    "drop --leapfrog-steps or use --algorithm fahmc"
+                    f"--algorithm {self.algorithm} means {flag} {_shown(fixed[name])}, but "
+                    f"{flag} is {_shown(value)}; drop {flag}"
                 )
-            k = algo.fixed_leapfrog_steps
-        eta = self.step_size
-        friction = self.friction
-        chains = self.chains
-        pooled: dict[str, typing.Any] = {}
-        if algo.euler:
-            if k not in (None, 1):
+            if name not in own:
                 raise ConfigError(
-                    f"--algorithm {self.algorithm} has no leapfrog steps, but "
-                    f"--leapfrog-steps is {k}; drop it (--local-steps sets the steps per round)"
+                    f"{flag} is not an option of --algorithm {self.algorithm}"
+                    f"{own_options_clause(algo)}; drop {flag}"
                 )
-            k = 1
-            if eta is None:  # SGLD's h matches FA-LD's learning rate η²/2
-                eta = d["step_size"] if algo.momentum else d["step_size"] ** 2 / 2
-            if friction is None:
-                friction = 0.1 / eta if algo.momentum else 0.0
-            if algo.asynchronous:
-                if self.staleness:
-                    raise ConfigError(
-                        f"--staleness is synthetic staleness for sghmc/sgld; {self.algorithm} "
-                        "measures its own: drop --staleness (--max-staleness bounds it)"
-                    )
-                if chains is None:  # one server per chain, each with its own workers
-                    chains = 1
-            elif not algo.federated and self.dataset != "gaussian-hetero":
-                pooled = {"num_clients": 1, "partition": "iid"}  # the pooled data: one "client"
-        elif algo.declares_options:
-            pass  # its options: refused where it lacks them (_check_sampler_options)
-        elif self.staleness or self.friction is not None:
-            raise ConfigError(
-                "--staleness and --friction apply to --algorithm sghmc or sgld only, "
-                f"not {self.algorithm}"
-            )
-        return self.replace(
-            leapfrog_steps=k, step_size=eta, friction=friction, chains=chains, **pooled
-        )
 
     def _fill_defaults(self, d: dict, builtin: bool) -> RunConfig:
         """The settings still unset, from the dataset's defaults ``d`` and the run's own
         (burn-in, CUDA graphs, scaling); ``builtin``: the data is a named dataset."""
         return self.replace(
-            leapfrog_steps=10 if self.leapfrog_steps is None else self.leapfrog_steps,
-            step_size=d["step_size"] if self.step_size is None else self.step_size,
             batch_size=d["batch_size"] if self.batch_size is None else self.batch_size,
             prior_std=d["prior_std"] if self.prior_std is None else self.prior_std,
             chains=d["chains"] if self.chains is None else self.chains,
@@ -906,8 +830,8 @@ class RunConfig:
             return False
         chains = d["chains"] if self.chains is None else self.chains
         clients = self.clients_per_round or self.num_clients or 10
-        k = 10 if self.leapfrog_steps is None else self.leapfrog_steps
-        evals = self.rounds * chains * clients * self.local_steps * (k + 1)
+        k = self.leapfrog_steps or 1  # (resolved: the sampler's K, or none)
+        evals = self.rounds * chains * clients * (self.local_steps or 1) * (k + 1)
         return evals >= COMPILE_MIN_EVALS
 
     def _resolve_model_and_data(self) -> RunConfig:
@@ -1020,10 +944,14 @@ class RunConfig:
     def validate(self) -> None:
         """Check ranges; one-line ``ConfigError`` naming the option and the fix.
 
-        The checks run in this order, and the first that fails gives the message."""
+        The checks run in this order, and the first that fails gives the message. The
+        sampler's options are checked by its Settings."""
+        _need(
+            self.algorithm in ALGORITHMS,
+            f"--algorithm must be one of {', '.join(ALGORITHMS)}; got {self.algorithm!r}",
+        )
         algo = registry.find(self.algorithm)
-        self._check_sampler_options(algo)
-        self._check_trajectory(algo)
+        self._check_sampler(algo)
         self._check_participation(algo)
         self._check_output()
         self._check_data_and_clients()
@@ -1037,64 +965,40 @@ class RunConfig:
         self._check_flower()
         self._check_model()
 
-    def _check_sampler_options(self, algo: registry.Entry) -> None:
-        """The options the sampler declares: one given that it does not declare is refused,
-        naming its own options; its Settings check the values."""
-        own = set(algo.field_names) - set(dict(algo.fixed))
-        for name, _ in self.options:
-            if name not in own:
-                flag = "--" + name.replace("_", "-")
-                raise ConfigError(
-                    f"{flag} is not an option of --algorithm {self.algorithm}"
-                    f"{own_options_clause(algo, self.to_dict())}; drop {flag}"
-                )
-        if algo.declares_options and self.step_size is not None:
-            settings = algo.build_settings(self)  # the sampler's own checks, in one line
-            resumes = getattr(algo.module, "resumes_on_flower", None)
-            _need(
-                not (self.resume and self.backend == "flower")
-                or resumes is None
-                or resumes(settings),
-                f"--algorithm {self.algorithm} cannot be resumed on Flower: its clients keep "
-                "state between rounds that new Flower nodes do not have; start the run again "
-                "(--overwrite), or run it on the engine, whose checkpoint holds that state",
-            )
-
-    def _check_trajectory(self, algo: registry.Entry) -> None:
-        """``--sync-unit``, ``--fresh-gradients`` and ``--restart-trajectories``."""
-        if self.sync_unit == "leapfrog" or self.fresh_gradients or self.restart_trajectories:
-            _need(
-                algo.trajectory_options,
-                f"--sync-unit leapfrog, --fresh-gradients and --restart-trajectories apply to "
-                f"--algorithm fahmc or fald, not {self.algorithm}",
-            )
+    def _check_sampler(self, algo: registry.Entry) -> None:
+        """The sampler's options: one it does not have refused, naming its own; its
+        Settings check the values (each option's range, then its own rules)."""
+        self._check_given_options(algo)
+        settings = algo.build_settings(self)
+        resumes = getattr(algo.module, "resumes_on_flower", None)
         _need(
-            not (self.restart_trajectories and self.sync_unit != "leapfrog"),
-            "--restart-trajectories needs --sync-unit leapfrog",
+            not (self.resume and self.backend == "flower") or resumes is None or resumes(settings),
+            f"--algorithm {self.algorithm} cannot be resumed on Flower: its clients keep "
+            "state between rounds that new Flower nodes do not have; start the run again "
+            "(--overwrite), or run it on the engine, whose checkpoint holds that state",
         )
 
     def _check_participation(self, algo: registry.Entry) -> None:
-        """``--clients-per-round`` and ``--participation``."""
+        """``--clients-per-round`` and ``--participation``: the run's, for a sampler whose
+        Settings read them."""
         S = self.clients_per_round
-        if algo.declares_options:
-            for name in ("clients_per_round", "participation"):
-                flag = "--" + name.replace("_", "-")
-                _need(
-                    getattr(self, name) is None or name in algo.field_names,
-                    f"{flag} is not an option of --algorithm {self.algorithm}"
-                    f"{own_options_clause(algo)}; drop {flag}",
-                )
-        elif S is not None or self.participation is not None:
+        for name in api.SHARED:
+            flag = "--" + name.replace("_", "-")
             _need(
-                algo.partial_participation,
-                "--clients-per-round and --participation apply to --algorithm fahmc or fald, "
-                f"not {self.algorithm}{algo.no_partial_reason}",
+                getattr(self, name) is None or name in algo.own,
+                f"{flag} is not an option of --algorithm {self.algorithm}"
+                f"{algo.no_partial_reason}{own_options_clause(algo)}; drop {flag}",
             )
         _need(
             self.participation is None or S is not None,
             f"--participation {self.participation} has no effect without --clients-per-round "
             "(every client takes part in every round); add --clients-per-round S (1 … N) or "
             "drop --participation",
+        )
+        _need(
+            self.participation is None or self.participation in PARTICIPATION_SCHEMES,
+            f"--participation must be one of {', '.join(PARTICIPATION_SCHEMES)}; got "
+            f"{self.participation!r}",
         )
         if S is not None:
             N = self.num_clients
@@ -1132,28 +1036,9 @@ class RunConfig:
         _need(nc is None or nc >= 1, f"--num-clients must be ≥ 1, got {nc}")
 
     def _check_steps(self) -> None:
-        """T, K, the step size, ρ, the batch size and the staleness."""
-        _need(self.local_steps >= 1, f"--local-steps (T) must be ≥ 1, got {self.local_steps}")
-        k = self.leapfrog_steps
-        _need(k is None or k >= 1, f"--leapfrog-steps (K) must be ≥ 1, got {k}")
-        eta = self.step_size
-        _need(
-            eta is None or (math.isfinite(eta) and eta > 0),
-            f"--step-size must be a positive number, got {eta}",
-        )
-        _need(
-            eta is None or eta <= MAX_STEP_SIZE,
-            f"--step-size {eta} is too large (at most {MAX_STEP_SIZE:g}, so that η²/2 stays a "
-            "finite float); step sizes that sample are small: try 1e-3, or leave it to the "
-            "dataset's default",
-        )
-        _need(
-            math.isfinite(self.rho) and 0.0 <= self.rho <= 1.0,
-            f"--rho must be in [0, 1], got {self.rho}",
-        )
+        """The batch size."""
         b = self.batch_size
         _need(b is None or b >= 0, f"--batch-size must be ≥ 0 (0: full batch), got {b}")
-        _need(self.staleness >= 0, f"--staleness must be ≥ 0, got {self.staleness}")
 
     def _check_backend_and_async(self, algo: registry.Entry) -> None:
         """The algorithm's backends, and the asynchronous samplers' options."""
@@ -1161,7 +1046,6 @@ class RunConfig:
             not (self.backend == "flower" and "flower" not in algo.backends),
             f"--algorithm {self.algorithm} runs on the engine only; drop --backend flower",
         )
-        _need(self.max_staleness >= 0, f"--max-staleness must be ≥ 0, got {self.max_staleness}")
         _need(
             self.max_worker_failures >= 1,
             f"--max-worker-failures must be ≥ 1, got {self.max_worker_failures}",
@@ -1174,30 +1058,11 @@ class RunConfig:
         )
 
     def _check_dynamics(self) -> None:
-        """The friction, the anchor batch, the gradient noise, the prior and the
-        temperature."""
-        fr = self.friction
-        _need(
-            fr is None or (math.isfinite(fr) and fr >= 0),
-            f"--friction must be ≥ 0, got {fr}",
-        )
-        _need(
-            self.anchor_batch_size >= 0,
-            f"--anchor-batch-size must be ≥ 0 (0: full local data), got {self.anchor_batch_size}",
-        )
-        _need(
-            math.isfinite(self.grad_noise) and self.grad_noise >= 0,
-            f"--grad-noise must be ≥ 0, got {self.grad_noise}",
-        )
+        """The prior."""
         ps = self.prior_std
         _need(
             ps is None or (ps > 0 and not math.isnan(ps)),
             f"--prior-std must be > 0 (inf for a flat prior), got {ps}",
-        )
-        tau = self.temperature
-        _need(
-            tau is None or (math.isfinite(tau) and tau > 0),
-            f"--temperature must be > 0, got {tau}",
         )
 
     def _check_rounds(self) -> None:
@@ -1267,14 +1132,12 @@ class RunConfig:
             ("backend", BACKENDS),
             ("dtype", DTYPES),
             ("on_failure", ON_FAILURE),
-            ("staleness_dist", STALENESS_DISTS),
             ("model_batching", BATCHINGS),
         ):
             v = getattr(self, name)
             _need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
         for name, choices in (
             ("protocol", PROTOCOLS),
-            ("sync_unit", SYNC_UNITS),
             ("minibatch", MINIBATCH_LAWS),
             ("init", INITS),
             ("partition", PARTITIONS),
@@ -1330,13 +1193,6 @@ class RunConfig:
             "PACKAGE.MODULE:FACTORY); the built-in logistic and mlp models are already "
             "hand-differentiated: drop it",
         )
-        k, eta = self.leapfrog_steps, self.step_size
-        if k is not None and eta is not None:
-            _need(
-                self.local_steps * max(k + 1, 2 * k) < (1 << 29),
-                "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient "
-                "evaluations per round",
-            )
 
     def default_out(self) -> str:
         import time

@@ -76,7 +76,7 @@ def protocol_record(cfg: RunConfig) -> dict:
         "name": cfg.protocol or "algorithm3",
         "sync_unit": settings.sync_unit,
         "fresh_gradients": settings.fresh_gradients,
-        "restart_trajectories": settings.restart,
+        "restart_trajectories": settings.restart_trajectories,
         "minibatch": cfg.minibatch,
         "grad_evals_per_leapfrog_step": 2 if settings.fresh_gradients else "1 + 1/trajectory",
         "round": (
@@ -86,7 +86,7 @@ def protocol_record(cfg: RunConfig) -> dict:
             "then positions averaged"
         ),
     }
-    if settings.restart:
+    if settings.restart_trajectories:
         rec["outer_iteration"] = (
             f"{cfg.leapfrog_steps} rounds ({cfg.local_steps} trajectories, each restarting "
             "from the position broadcast at the outer iteration's start)"

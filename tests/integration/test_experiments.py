@@ -247,7 +247,7 @@ def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path
     assert res.history[-1]["samples"] == 4 * 2  # one per outer iteration (K rounds) and chain
     engine = torch.as_tensor(np.load(tmp_path / "r" / "samples.npy"))
     settings = sampler_settings(res.config)
-    assert settings.restart and settings.fresh_gradients and settings.leapfrog_sync
+    assert settings.restart_trajectories and settings.fresh_gradients and settings.leapfrog_sync
     target = build_problem(res.config).target
     theta0 = torch.zeros(2, target.dim)
     for skip in (False, True):

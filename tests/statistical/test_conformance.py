@@ -91,7 +91,7 @@ def fahmc_case(module, name):
 
 def euler_case(method):
     h, B = 0.1, 2.0
-    s = stale.Settings(method, h, friction=B, steps=10)
+    s = stale.Settings(method, h, friction=B, local_steps=10)
     x0 = torch.zeros(CHAINS, 1, dtype=torch.float64)
     v = euler_var(method, h, B)
     return Case(

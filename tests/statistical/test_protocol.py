@@ -250,7 +250,7 @@ def test_evaluation_counts_and_sample_rounds():
     assert fahmc.Settings(0.1, 4, 3).evals_in_round(5) == 15
     assert fahmc.Settings(0.1, 4, 3, fresh_gradients=True).evals_in_round(5) == 24
     # Restarts: a sample once per outer iteration of K rounds.
-    s = fahmc.Settings(0.1, 4, 3, sync_unit="leapfrog", restart=True)
+    s = fahmc.Settings(0.1, 4, 3, sync_unit="leapfrog", restart_trajectories=True)
     assert [r for r in range(1, 13) if s.ends_trajectory(r)] == [4, 8, 12]
 
 

@@ -33,7 +33,7 @@ def gaussian_grad(theta, step):
 
 def advance(state, grad, steps, s, seed):
     """``steps`` steps of the chain through the algorithm interface."""
-    return stale.step(seed, state, from_grad(grad), dataclasses.replace(s, steps=steps))[0]
+    return stale.step(seed, state, from_grad(grad), dataclasses.replace(s, local_steps=steps))[0]
 
 
 def exact_stationary_var(s: stale.Settings) -> float:

@@ -68,13 +68,16 @@ STREAM_FIRST_MOMENTUM = 1002
 
 @dataclass(frozen=True)
 class Settings(api.Settings):
-    """fed-sghmc's options. ``step_size``, ``local_steps`` and ``friction`` are fedhmc's
-    shared run options (``--step-size``, ``--local-steps``, ``--friction``: the run resolves
-    their values); ``drift_correction`` is this sampler's own (``--drift-correction``)."""
+    """fed-sghmc's options. ``step_size``, ``local_steps`` and ``friction`` share the
+    options of the same names with fedhmc's samplers (``--step-size``, ``--local-steps``,
+    ``--friction``: one option each, whose help names each sampler's meaning; a step size
+    left unset is the dataset's η); ``drift_correction`` is this sampler's own
+    (``--drift-correction``)."""
 
-    step_size: float = api.option(
-        1e-3, "h, the Euler step of every client's SGHMC", low=0, low_open=True
-    )
+    step_size: float | None = api.option(
+        None, "h, the Euler step of every client's SGHMC (default: the dataset's η)", low=0,
+        low_open=True,
+    )  # fmt: skip
     local_steps: int = api.option(10, "T, the Euler steps of a client in one round", low=1)
     friction: float | None = api.option(
         None, "B, the friction of each client's momentum (default 0.1 / step size: B·h = 0.1)",
@@ -93,7 +96,7 @@ class Settings(api.Settings):
         return 0.1 / self.step_size if self.friction is None else self.friction
 
     def check(self) -> str | None:
-        if self.B * self.step_size > 1:
+        if self.step_size is not None and self.B * self.step_size > 1:
             return (
                 f"friction × step size = {self.B * self.step_size:g} > 1 makes the momentum's "
                 "decay 1 − B·h negative; lower --friction or --step-size"
@@ -319,9 +322,6 @@ def step(seed: int, state: State, target, settings: Settings) -> tuple[State, In
 ENTRY = Entry(
     "fed-sghmc",
     module_path="fedsghmc.sampler",
-    settings=None,  # its options are the fields of Settings above
     summary="federated SGHMC: clients keep their momenta, with a drift correction (a plugin)",
-    euler=True,  # an Euler step h, no leapfrog steps
-    momentum=True,  # with a friction: the run's default B is 0.1 / h
-    no_partial_reason="",  # every client takes part in every round
-)
+)  # a federated sampler (kind="federated") on both backends: what else the run needs to
+# know (its options, that every client takes part in every round) is read from this module
