@@ -97,8 +97,41 @@ def options_table() -> str:
             meaning += " (one of " + ", ".join(f"`{c}`" for c in choices) + ")"
         option = f"`{f.name}`<br>`--{f.name.replace('_', '-')}`"
         lines.append(f"| {option} | {_default(f.default)} | {meaning} |")
-    lines += ["", "</div>"]
+    lines += ["", "</div>", *sampler_options_table()]
     return "\n".join(lines) + "\n"
+
+
+def sampler_options_table() -> list[str]:
+    """The Markdown lines of the samplers' options: each option once per meaning, with the
+    samplers that give it that meaning (read from their Settings)."""
+    from fedhmc.algorithms import registry
+    from fedhmc.runtime.config import sampler_options
+
+    lines = ["", "#### Sampler options", ""]
+    lines += [
+        "Each sampler declares its options in its own `Settings`; an option that several "
+        "samplers declare is one option, and a run refuses the options its sampler lacks.",
+        "",
+    ]
+    lines += ['<div class="options" markdown="1">', ""]
+    lines += ["| option | samplers | default | meaning |", "|---|---|---|---|"]
+    for name, merged in sampler_options().items():
+        rows: dict[tuple, list[str]] = {}
+        for e in registry.ENTRIES:
+            for o in e.options:
+                if o.name == name:
+                    rows.setdefault((o.help, repr(o.default), o.choices), []).append(e.name)
+        for (text, _, choices), who in rows.items():
+            o = next(o for e in registry.ENTRIES if e.name == who[0] for o in e.options
+                     if o.name == name)  # fmt: skip
+            meaning = _cell(text)
+            if choices and not all(str(c) in meaning for c in choices):
+                meaning += " (one of " + ", ".join(f"`{c}`" for c in choices) + ")"
+            samplers = ", ".join(f"`{w}`" for w in who)
+            option = f"`{name}`<br>`{merged.flag}`"
+            lines.append(f"| {option} | {samplers} | {_default(o.default)} | {meaning} |")
+    lines += ["", "</div>"]
+    return lines
 
 
 # ------------------------------------------------------------------ the command-line page

@@ -175,8 +175,20 @@ class Entry:
 
     def build_settings(self, cfg):
         """The sampler's settings from a resolved run config (or a mapping of field
-        names): `fedhmc.algorithms.api.build` with the fields the name fixes."""
-        return api.build(self.settings_class, cfg, self.fixed)
+        names): `fedhmc.algorithms.api.build` with the fields the name fixes. Another
+        package's Settings that fail otherwise than by a refusal are a one-line
+        `ConfigError` naming it."""
+        try:
+            return api.build(self.settings_class, cfg, self.fixed)
+        except ConfigError:
+            raise
+        except Exception as e:
+            if self.module_path.startswith("fedhmc."):
+                raise
+            raise ConfigError(
+                f"--algorithm {self.name}: its Settings failed ({first_line(e)}); fix or "
+                f"uninstall the package that provides {self.module_path}"
+            ) from None
 
 
 def _pooled(method: str) -> Entry:

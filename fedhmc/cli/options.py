@@ -83,10 +83,15 @@ def add_config_options(parser: argparse.ArgumentParser, only: set[str] | None = 
             help=help_,
         )
 
-    for o in sampler_options().values():  # the samplers' options (their help: each one's)
+    _add_sampler_options(groups["algorithm"] if only is None else parser, only)
+
+
+def _add_sampler_options(target, only: set[str] | None) -> None:
+    """One option per sampler option (`fedhmc.runtime.config.sampler_options`), whose help
+    gives each sampler's meaning; a boolean one has a ``--no-`` form."""
+    for o in sampler_options().values():
         if only is not None and o.name not in only:
             continue
-        target = groups["algorithm"] if only is None else parser
         if o.type is bool:  # --fresh-gradients, --no-fresh-gradients
             target.add_argument(
                 o.flag, action=argparse.BooleanOptionalAction, default=argparse.SUPPRESS,

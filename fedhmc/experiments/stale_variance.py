@@ -96,7 +96,7 @@ def _stale_variance_run(W: int, warm: tuple, target, test_loss, budget: tuple, s
     h)); the table row and the variance curve (iterations per worker, variance)."""
     from fedhmc.algorithms import stale
 
-    (start, warm.local_steps), (per_worker, chains, h) = warm, budget
+    (start, warm_steps), (per_worker, chains, h) = warm, budget
     settings = stale.Settings("sgld", h, staleness=W - 1, local_steps=1)
     # Continue at Euler step l = burn: one step a round, so as at round burn.
     state = dataclasses.replace(

@@ -1,9 +1,13 @@
 """The one definition of every run setting.
 
-``RunConfig`` is a frozen dataclass. Each field's metadata carries its help text; the
-command line (``fedhmc run --local-steps 50``) and Flower's run config
-(``flwr run . --run-config "local-steps=50"``) both use the field name in kebab-case, and
-both are parsed by ``RunConfig.from_mapping``, so a setting is defined once.
+``RunConfig`` is a frozen dataclass of what belongs to the run: the data, the model, the
+split, the rounds, the seed, the chains, the device, the output, the backend and who takes
+part in a round. Each field's metadata carries its help text. The sampler's options are
+declared by the sampler, in its module's ``Settings`` (`fedhmc.algorithms.api`), and held
+in the field ``options``; ``cfg.leapfrog_steps`` reads one. The command line
+(``fedhmc run --local-steps 50``) and Flower's run config
+(``flwr run . --run-config "local-steps=50"``) both use the name in kebab-case, and both are
+parsed by ``RunConfig.from_mapping``, so a setting is defined once.
 
 Fields left at ``None`` take the dataset's default in ``RunConfig.resolve`` (see
 ``fedhmc.runtime.presets``); ``config.json`` holds the resolved values, with ``null`` for

@@ -112,7 +112,9 @@ def test_round_robin_workers_are_sgmcmc_with_fixed_staleness_bit_for_bit(method,
     assert dict(chain.staleness) == (
         {**{k: 1 for k in range(workers - 1)}, workers - 1: steps - workers + 1}
     )
-    ref = stale.Settings(method, 0.05, 2.0, staleness=workers - 1, temperature=0.7, local_steps=steps)
+    ref = stale.Settings(
+        method, 0.05, 2.0, staleness=workers - 1, temperature=0.7, local_steps=steps
+    )
     want, _ = stale.step(3, stale.init(theta0.view(1, D), ref), from_grad(gaussian_grad), ref)
     assert torch.equal(chain.theta, want.position[0])
     if method == "sghmc":

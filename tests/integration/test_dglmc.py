@@ -164,7 +164,7 @@ def _cfg(tmp_path, name, **kw):
 def test_the_entry_declares_its_own_options():
     e = registry.entry("dglmc")
     assert {o.name for o in e.options} == {"step_size", "local_steps", "coupling"}
-    assert not e.partial_participation and e.euler
+    assert not e.partial_participation and not e.leapfrog
 
 
 def test_a_run_config_takes_the_coupling(tmp_path):

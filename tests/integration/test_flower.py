@@ -26,7 +26,7 @@ from fedhmc.algorithms import fahmc
 from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply
 from fedhmc.errors import FedHMCError
-from fedhmc.runtime.config import RunConfig, sampler_options
+from fedhmc.runtime.config import RunConfig, builtin_option_keys, sampler_options
 from fedhmc.runtime.engine import run, sampler_settings
 from fedhmc.runtime.problem import build_problem
 
@@ -470,8 +470,10 @@ def test_waiting_for_clients_has_a_deadline(tmp_path):
 
 def test_pyproject_run_config_is_the_run_config():
     flwr = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["flwr"]["app"]
-    declared = {o.key for o in sampler_options().values()}  # (in "sampler-options")
+    # A plugin's options travel in "sampler-options"; fedhmc's samplers' are keys of their own.
+    declared = {o.key for o in sampler_options().values()} - set(builtin_option_keys())
     assert set(flwr["config"]) == set(RunConfig.keys()) - declared
+    assert all(flwr["config"][k] == "" for k in builtin_option_keys())  # the sampler's default
     assert RunConfig.from_mapping(flwr["config"]) == RunConfig()
     assert flwr["components"] == {
         "serverapp": "fedhmc_server.app:app",

@@ -29,7 +29,7 @@ from dataclasses import dataclass
 
 import torch
 
-from fedhmc.algorithms import federated
+from fedhmc.algorithms import api, federated
 from fedhmc.algorithms.fahmc import (
     Broadcast, ClientUpdate, Info, combination, round_info, round_keys, skip,
     average,
@@ -41,12 +41,9 @@ from fedhmc.errors import ConfigError
 
 
 @dataclass(frozen=True)
-class Settings:
-    step_size: float
-
-    def __post_init__(self):
-        if not self.step_size > 0:
-            raise ConfigError(f"toy-ld needs a step size > 0, got {self.step_size}")
+class Settings(api.Settings):
+    LANGEVIN_STEP = True  # (unset: η²/2 of the dataset's η, FA-LD's learning rate)
+    step_size: float | None = api.option(None, "h, the toy's Langevin step", low=0, low_open=True)
 
 
 @dataclass(frozen=True)
@@ -107,12 +104,7 @@ def step(seed, state, target, settings):
     return federated.step(sys.modules[__name__], seed, state, target, settings)
 
 
-ENTRY = Entry(
-    "toy-ld",
-    module_path="toy_sampler",
-    settings=lambda cfg: Settings(float(cfg.step_size)),
-    euler=True,
-)
+ENTRY = Entry("toy-ld", module_path="toy_sampler")
 '''
 
 

@@ -54,7 +54,7 @@ def _one_step(module, x):
         state, _ = module.step(0, module.init(x, s), hetero_gaussian(2, 2, torch.float64), s)
         state, info = module.step(0, state, hetero_gaussian(2, 2, torch.float64), s)
     elif module is stale:
-        s = stale.Settings("sghmc", 0.1, staleness=2, steps=3)
+        s = stale.Settings("sghmc", 0.1, staleness=2, local_steps=3)
         state, info = stale.step(0, stale.init(x, s), oracles.from_grad(lambda t, i: t), s)
     elif module is async_sgmcmc:
         s = async_sgmcmc.Settings("sghmc", 0.1)
@@ -148,7 +148,7 @@ def test_a_checkpoint_saved_with_the_old_step_field_resumes(module, tmp_path):
 
 
 def test_an_old_stale_checkpoint_needs_whole_rounds_and_the_settings():
-    s = stale.Settings("sgld", 0.1, steps=3)
+    s = stale.Settings("sgld", 0.1, local_steps=3)
     saved = checkpoint.state_dict(stale.init(torch.zeros(2, 1), s))
     saved["fields"]["step"] = saved["fields"].pop("round") + 7
     with pytest.raises(ConfigError, match="needs the run's settings"):
@@ -185,7 +185,7 @@ def test_async_chain_applies_fresh_and_drops_stale_gradients_through_step():
     [
         (lambda: mhmc.Settings(step_size=0.1, leapfrog_steps=0), "K ≥ 1"),
         (lambda: mhmc.Settings(step_size=-0.1), "step_size > 0"),
-        (lambda: stale.Settings("sgld", 0.0), "step size"),
+        (lambda: stale.Settings("sgld", 0.0), "--step-size must be a number > 0"),
         (lambda: async_sgmcmc.Settings("sgld", 0.1, max_staleness=-1), "max-staleness"),
         (lambda: delayed_sgld.Settings(workers=0), "workers"),
     ],

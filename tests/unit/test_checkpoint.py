@@ -65,7 +65,7 @@ CASES = {
         save_samples=True,
     ),
     "debiased": dict(algorithm="fahmc-debiased", chains=2, rounds=6, anchor_batch_size=16),
-    "sgld-stale": dict(algorithm="sgld", leapfrog_steps=1, staleness=2, chains=2, rounds=6),
+    "sgld-stale": dict(algorithm="sgld", leapfrog_steps=None, staleness=2, chains=2, rounds=6),
     "gaussian": dict(dataset="gaussian-hetero", chains=20, rounds=6, grad_noise=1.0),
 }
 
@@ -214,7 +214,7 @@ def test_a_stale_checkpoint_of_the_old_form_resumes_to_the_same_numbers(tmp_path
     taken as the State's ``step`` (now ``round``, the rounds: ``step`` calls of T Euler
     steps); the run resumes from it to the numbers of a run never stopped."""
     kw = dict(algorithm="sghmc", staleness=2, staleness_dist="uniform", local_steps=3)
-    kw.update(num_clients=3, leapfrog_steps=1, chains=2, rounds=6, seed=5)
+    kw.update(num_clients=3, leapfrog_steps=None, chains=2, rounds=6, seed=5)
     full = run(RunConfig(**kw, out=str(tmp_path / "full")), progress=False)
     with pytest.raises(RunInterrupted):
         run(RunConfig(**kw, out=str(tmp_path / "cut")), progress=False, on_round=stop_at(3))

@@ -60,7 +60,7 @@ def test_the_wire_and_the_byte_count_read_the_layout(name, case):
         pytest.skip(f"{name} does not run the {kw['protocol']} protocol")
     if "sync_unit" in kw and not e.trajectory_options:
         pytest.skip(f"{name} has no --sync-unit")
-    if e.fixed_leapfrog_steps is not None:
+    if e.fixed_value("leapfrog_steps") is not None:
         kw = {k: v for k, v in kw.items() if k != "leapfrog_steps"}
     cfg = _cfg(name, **kw)
     for message, update, settings, module in _messages(cfg, 4):
@@ -135,7 +135,7 @@ def test_a_round_without_replies_is_skipped_by_the_algorithm():
         {"grad_noise": -1.0},
         {"temperature": 0.0},
         {"sync_unit": "epoch"},
-        {"restart": True},
+        {"restart_trajectories": True},
         {"clients_per_round": 0},
         {"participation": "random"},
         {"anchor_batch_size": -1},

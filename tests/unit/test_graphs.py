@@ -309,7 +309,7 @@ def test_full_batch_reshuffled_rounds_replay():
     [
         {},  # T = 2, K = 3: rounds start mid-trajectory in a cycle of 3 kinds
         {"fresh_gradients": True},
-        {"restart": True},  # the authors' BLR protocol: trajectories restart from X₀
+        {"restart_trajectories": True},  # the authors' BLR protocol: trajectories restart from X₀
     ],
     ids=["reused", "fresh", "restart"],
 )

@@ -1,5 +1,6 @@
 """No option is accepted without effect: an option given to ``fedhmc run`` that the run
-would make no use of is refused in one line that names what it applies to."""
+would make no use of is refused in one line that names what it applies to, and a sampler's
+option given for another sampler is refused naming the chosen sampler's own."""
 
 from __future__ import annotations
 
@@ -9,7 +10,13 @@ import pytest
 
 from fedhmc.algorithms import registry
 from fedhmc.errors import ConfigError
-from fedhmc.runtime.config import NULLABLE, RunConfig, refuse_unused, unused_settings
+from fedhmc.runtime.config import (
+    NULLABLE,
+    RunConfig,
+    refuse_unused,
+    sampler_options,
+    unused_settings,
+)
 
 VALUES = {
     "hidden": "8", "model_batching": "loop", "compile": True, "partition": "shards",
@@ -53,9 +60,13 @@ def test_every_option_against_every_backend_and_model(algorithm):
         if base is None:
             continue
         unused = set(unused_settings(base.to_dict()))
+        own = registry.entry(algorithm).own
         for key, value in VALUES.items():
             given = base.replace(**{key: value})
-            if key in unused:
+            if key in sampler_options() and key not in own:  # another sampler's option
+                with pytest.raises(ConfigError, match="is not an option of|means --"):
+                    given.resolve()
+            elif key in unused:
                 with pytest.raises(ConfigError, match="^--" + key.replace("_", "-") + " "):
                     refuse_unused(given, {key})
             else:
@@ -70,10 +81,7 @@ def test_every_option_against_every_backend_and_model(algorithm):
         (["--round-timeout", "5.0"], "--backend flower"),
         (["--min-clients", "2"], "--backend flower"),
         (["--model", "cnn", "--hidden", "10"], "--model mlp"),
-        (["--anchor-batch-size", "10"], "--algorithm fahmc-debiased"),
-        (["--max-staleness", "3"], "--algorithm async-sghmc or async-sgld"),
         (["--model-batching", "loop"], "a network given as an nn.Module"),
-        (["--algorithm", "sgld", "--rho", "0.5"], "--algorithm fahmc, fald or fahmc-debiased"),
         (["--dataset", "gaussian-hetero", "--ece-bins", "10"], "a dataset of examples"),
     ],
     ids=lambda a: " ".join(a) if isinstance(a, list) else None,
@@ -87,4 +95,26 @@ def test_the_command_line_refuses_an_option_without_effect(cli, tmp_path, argv, 
                                                                     "--dataset"))  # fmt: skip
     value = argv[argv.index(flag) + 1]
     assert lines[0].startswith(f"fedhmc run: error: {flag} {value} applies to {applies}")
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, algorithm",
+    [
+        (["--anchor-batch-size", "10"], "fahmc"),
+        (["--max-staleness", "3"], "fahmc"),
+        (["--algorithm", "sgld", "--rho", "0.5"], "sgld"),
+        (["--algorithm", "async-sgld", "--backend", "flower", "--local-steps", "3"], "async-sgld"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else None,
+)
+def test_a_samplers_option_is_refused_for_another_sampler(cli, tmp_path, argv, algorithm):
+    out = tmp_path / "run"
+    code, _, err = cli("run", *argv, "--rounds", "1", "--out", out)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    flag = [a for a in argv if a.startswith("--")][-1]
+    assert lines[0].startswith(
+        f"fedhmc run: error: {flag} is not an option of --algorithm {algorithm} (its options: "
+    ), lines[0]
     assert not out.exists()

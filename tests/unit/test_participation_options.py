@@ -10,10 +10,13 @@ from fedhmc.runtime.config import RunConfig
 @pytest.mark.parametrize(
     "args, needle",
     [
-        (["--clients-per-round", "0"], "must be ≥ 1"),
+        (["--clients-per-round", "0"], "must be an integer ≥ 1"),
         (["--clients-per-round", "11"], "more than the 10 clients"),
         (["--participation", "bogus"], "invalid choice"),
-        (["--algorithm", "sgld", "--participation", "uniform"], "fahmc or fald"),
+        (
+            ["--algorithm", "sgld", "--participation", "uniform"],
+            "not an option of --algorithm sgld",
+        ),
         (["--algorithm", "fahmc-debiased", "--clients-per-round", "3"], "anchor"),
         (["--min-client-size", "0"], "--min-client-size must be ≥ 1"),
     ],

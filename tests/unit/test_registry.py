@@ -24,7 +24,7 @@ ALLOWED = {
     # The stale-gradient and asynchronous samplers' own update rule, ``method`` ("sghmc" or
     # "sgld"): a setting of the module, chosen for it by its registry entry, not a dispatch
     # on ``--algorithm``.
-    ("fedhmc/algorithms/stale.py", 'self.method == "sghmc"'),
+    ("fedhmc/algorithms/stale.py", 's.method == "sghmc"'),
     ("fedhmc/algorithms/stale.py", 'method == "sghmc"'),
     # The sampler comparison (`fedhmc experiment samplers`) states each sampler's cost a
     # round and the settings it tunes: a table of the samplers it compares, by design.
@@ -131,7 +131,7 @@ def test_each_entrys_facts_agree_with_behaviour(name):
     why = _refused(name, clients_per_round=1)
     assert (why is None) == e.partial_participation, why
     if why is not None:
-        assert why.endswith(e.no_partial_reason)
+        assert e.no_partial_reason in why and "its options: " in why
     # Protocols.
     for protocol in ("algorithm3", "authors"):
         assert (_refused(name, protocol=protocol) is None) == (protocol in e.protocols)
@@ -144,28 +144,32 @@ def test_each_entrys_facts_agree_with_behaviour(name):
 
         with pytest.raises(ConfigError, match="add --backend flower"):
             run(cfg)
-    # Leapfrog steps: fixed by the name, none for the Euler samplers, free otherwise.
-    if e.fixed_leapfrog_steps is not None:
-        assert cfg.leapfrog_steps == e.fixed_leapfrog_steps
-    fixed = e.fixed_leapfrog_steps is not None or e.euler
-    assert (_refused(name, leapfrog_steps=3) is not None) == fixed
-    symbol = "step" if e.declares_options else ("h" if e.euler else "eta")
-    assert step_size_symbol(name) == symbol
-    assert e.leapfrog != e.euler
-    # Settings that play no part.
+    # Leapfrog steps: fixed by the name (fald), refused where the Settings have none.
+    k = e.fixed_value("leapfrog_steps")
+    if k is not None:
+        assert cfg.leapfrog_steps == k
+    assert (_refused(name, leapfrog_steps=3) is None) == ("leapfrog_steps" in e.own)
+    assert e.leapfrog == ("leapfrog_steps" in e.field_names)
+    assert step_size_symbol(name) == e.step_symbol
+    # Every option the sampler lacks is refused, naming its own; its own are recorded.
+    for option in registry_options():
+        if option not in e.own and option not in dict(e.fixed):
+            why = _refused(name, **{option: _a_value(option)})
+            assert why is not None and "its options: " in why, (option, why)
+    recorded = cfg.recorded()
+    assert {o.name for o in e.options} <= set(recorded) | set(RunConfig.__dataclass_fields__)
+    # Settings of the run that play no part.
     unused = unused_settings(cfg.to_dict())
-    assert ("rho" in unused) == e.euler
-    assert ("anchor_batch_size" in unused) == (not e.anchor)
-    assert ("staleness" in unused) == e.federated
-    assert ("max_staleness" in unused) == (not e.asynchronous)
+    assert ("clients_per_round" in unused) == (not e.partial_participation)
+    assert ("max_worker_failures" in unused) == (not e.asynchronous)
     # Messages: none for the pooled samplers, the anchor's arrays for debiased FA-HMC.
     down, up = bytes_per_round(cfg, 3, 2)
     if not e.federated:
         assert (down, up) == (0, 0)
     elif "engine" in e.backends:
         per = cfg.num_clients * cfg.chains * 3 * (8 if cfg.dtype == "float64" else 4)
-        if not e.declares_options:  # (a sampler's own arrays: its layout, below)
-            assert (down, up) == ((3 * per, 2 * per) if e.anchor else (per, per))
+        if e.module in (fahmc,):  # (FA-HMC's family: θ and momentum-free replies)
+            assert (down, up) == (per, per)
         layout = e.module.layout(e.build_settings(cfg), 2)
         assert (down, up) == (len(layout.down) * per, len(layout.up) * per)
     # What a round's message says, a client decodes to the same settings.
@@ -180,9 +184,33 @@ def test_each_entrys_facts_agree_with_behaviour(name):
 
 def test_fald_is_fahmc_with_k_1():
     fald, fahmc_ = registry.entry("fald"), registry.entry("fahmc")
-    same = dict(name="fahmc", fixed_leapfrog_steps=None, summary=fahmc_.summary)
+    same = dict(name="fahmc", fixed=(), summary=fahmc_.summary)
     assert dataclasses.replace(fald, **same) == fahmc_
-    a = registry.entry("fald").settings(_cfg("fald").resolve())
-    b = registry.entry("fahmc").settings(_cfg("fahmc", leapfrog_steps=1).resolve())
+    a = fald.build_settings(_cfg("fald").resolve())
+    b = fahmc_.build_settings(_cfg("fahmc", leapfrog_steps=1).resolve())
     assert a == b and a.leapfrog_steps == 1
     assert fald.batches_colocated
+    assert _refused("fald", leapfrog_steps=1) is None  # (what its name means anyway)
+
+
+def registry_options() -> list[str]:
+    """Every sampler option (the union of all samplers' Settings)."""
+    from fedhmc.runtime.config import sampler_options
+
+    return list(sampler_options())
+
+
+def _a_value(option: str):
+    """A valid value of ``option`` for a sampler that has it (a refusal must name the
+    sampler, not the value)."""
+    from fedhmc.runtime.config import sampler_options
+
+    o = sampler_options()[option]
+    if o.choices:
+        return o.choices[-1]
+    return {bool: True, int: 2, float: 0.5, str: "x"}[o.type]
+
+
+def test_an_entry_is_small():
+    names = [f.name for f in dataclasses.fields(registry.Entry)]
+    assert names == ["name", "module_path", "summary", "kind", "backends", "fixed"]
