@@ -27,7 +27,7 @@ from fedhmc.errors import ConfigError, first_line
 ENGINE, FLOWER = "engine", "flower"
 ALGORITHM3, AUTHORS = "algorithm3", "authors"
 FEDERATED, POOLED, ASYNCHRONOUS = "federated", "pooled", "asynchronous"
-KINDS = (FEDERATED, POOLED, ASYNCHRONOUS)
+SAMPLER_KINDS = (FEDERATED, POOLED, ASYNCHRONOUS)
 
 WORKERS_ANSWER = " (its workers answer when they can, not when drawn)"
 ON_POOLED_DATA = " (it samples the pooled data: there are no clients to draw)"
@@ -322,8 +322,8 @@ def _plugin_refusal(e, taken: set[str]) -> str | None:
         return f"its name {e.name!r} is already listed"
     if not isinstance(e.module_path, str):
         return "an Entry needs a module_path"
-    if e.kind not in KINDS:
-        return f"its kind {e.kind!r} is not one of {', '.join(KINDS)}"
+    if e.kind not in SAMPLER_KINDS:
+        return f"its kind {e.kind!r} is not one of {', '.join(SAMPLER_KINDS)}"
     if not set(e.backends) <= {ENGINE, FLOWER} or not e.backends:
         return f"its backends {e.backends!r} are not among {ENGINE}, {FLOWER}"
     return _declaration_refusal(e)

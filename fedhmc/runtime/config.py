@@ -47,7 +47,7 @@ MODELS = ("logistic", "mlp", "cnn")
 ON_FAILURE = ("renormalize", "stop")
 DTYPES = ("float32", "float64")
 SCALINGS = ("standardize", "unit", "symmetric", "none")
-PROTOCOLS = ("algorithm3", "authors")
+PROTOCOL_NAMES = ("algorithm3", "authors")
 PARTITIONS = ("iid", "dirichlet", "shards", "quantity", "given")
 INITS = ("auto", "zeros", "normal", "module", "torch-linear")
 MAX_SEED = 2**32 - 1
@@ -448,7 +448,7 @@ class RunConfig:
         "gradients per step, and for image data a flat prior at temperature 0.005, pixels "
         "in [-1, 1], nn.Linear initialisation, random reshuffling, 20-bin ECE, no burn-in); "
         "explicit options override it",
-        choices=PROTOCOLS,
+        choices=PROTOCOL_NAMES,
     )
     batch_size: int | None = _f(None, "minibatch per client (0: full batch; default per dataset)")
     minibatch: str | None = _f(
@@ -737,9 +737,9 @@ class RunConfig:
     def _resolve_protocol(self, algo: registry.Entry) -> RunConfig:
         """``--protocol`` checked (default algorithm3), and the options it sets filled in
         where they are unset (of the sampler's, those it has)."""
-        if self.protocol is not None and self.protocol not in PROTOCOLS:
+        if self.protocol is not None and self.protocol not in PROTOCOL_NAMES:
             raise ConfigError(
-                f"--protocol must be one of {', '.join(PROTOCOLS)}; got {self.protocol!r}"
+                f"--protocol must be one of {', '.join(PROTOCOL_NAMES)}; got {self.protocol!r}"
             )
         protocol = self.protocol or "algorithm3"
         if protocol not in algo.protocols:
@@ -1141,7 +1141,7 @@ class RunConfig:
             v = getattr(self, name)
             _need(v in choices, f"--{name} must be one of {', '.join(choices)}; got {v!r}")
         for name, choices in (
-            ("protocol", PROTOCOLS),
+            ("protocol", PROTOCOL_NAMES),
             ("minibatch", MINIBATCH_LAWS),
             ("init", INITS),
             ("partition", PARTITIONS),

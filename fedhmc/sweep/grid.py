@@ -110,6 +110,27 @@ def expand_grid(grid: dict[str, list]) -> list[dict]:
     return [dict(zip(keys, combo, strict=True)) for combo in itertools.product(*grid.values())]
 
 
+CELL_ID_DEFAULTS = {
+    "local_steps": 10,
+    "sync_unit": None,
+    "fresh_gradients": None,
+    "restart_trajectories": None,
+    "leapfrog_steps": None,
+    "step_size": None,
+    "rho": 1.0,
+    "anchor_batch_size": 0,
+    "staleness": 0,
+    "staleness_dist": "fixed",
+    "friction": None,
+    "max_staleness": 10,
+    "grad_noise": 0.0,
+    "temperature": None,
+}
+"""What a cell's id hashes for these samplers' options where the cell does not give them:
+fixed values, so that a cell keeps its id (and a sweep finds its finished cells) whatever
+the samplers' own defaults."""
+
+
 def cell_id(settings: dict, cell: dict) -> str:
     """A stable directory name: the cell's grid values, then a hash of all its settings.
 
@@ -117,7 +138,8 @@ def cell_id(settings: dict, cell: dict) -> str:
     config (so ``0.01`` and ``"1e-2"`` give the same cell) without ``out``.
     """
     cfg = RunConfig.from_mapping({k: v for k, v in settings.items() if k != "out"})
-    canon = json.dumps({**cfg.to_dict(), "out": None}, sort_keys=True, default=str)
+    hashed = {**CELL_ID_DEFAULTS, **cfg.to_dict(), "out": None}
+    canon = json.dumps(hashed, sort_keys=True, default=str)
     digest = hashlib.sha1(canon.encode()).hexdigest()[:8]
     parts = []
     for key in cell:

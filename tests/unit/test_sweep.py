@@ -199,7 +199,7 @@ def test_select_on_a_real_sweep_writes_selected_csv(tmp_path, capsys):
 
 def test_summary_mean_and_std_over_seeds():
     s = summarize(_known_table(), metrics=["nll_mean", "accuracy"])
-    assert s["keys"] == ["leapfrog-steps", "step-size"]
+    assert s["keys"] == ["step-size", "leapfrog-steps"]
     groups = {(g["settings"]["leapfrog-steps"], g["settings"]["step-size"]): g for g in s["groups"]}
     assert len(groups) == 4 and all(g["n"] == 2 for g in groups.values())
     mean, std = groups[(1, 0.001)]["stats"]["nll_mean"]
@@ -233,7 +233,7 @@ def test_the_sd_of_one_value_is_undefined_not_zero():
         (["--grid", "foo=1,2"], "unknown key 'foo'; valid: dataset"),
         (["--grid", "step-size"], "malformed --grid item"),
         (["--grid", "seed=0,,1"], "malformed --grid item"),
-        (["--grid", "step-size=abc"], "'step-size' must be a number"),
+        (["--grid", "step-size=abc"], "--step-size must be a number"),
         (["--grid", "seed=0 seed=1"], "twice"),
         (["--grid", "seed=0", "--seed", "1"], "both in the grid"),
         (["--grid", "seed=0", "--select", "nll_mean"], "best-by="),

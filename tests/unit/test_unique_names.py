@@ -39,6 +39,9 @@ INTERFACE = {
     "Combination": "how a federated algorithm's replies combine (its combination's value)",
     "setup_rounds": "a federated algorithm's set-up phase (fsgld)",
     "resumes_on_flower": "whether a federated algorithm's clients' state survives new nodes",
+    "NO_PARTIAL_REASON": "why a sampler has no --clients-per-round (read by its registry entry)",
+    "PROTOCOLS": "the --protocol values a sampler runs under (read by its registry entry)",
+    "COLOCATED": "a sampler whose co-located Flower clients compute a round in one batch",
     "ClientUpdate": "a federated algorithm's reply (the wire builds it by name)",
     # The app interface: Flower and the command line look these names up.
     "app": "a Flower ServerApp / ClientApp object (server/app.py, clients/app.py)",
