@@ -208,10 +208,10 @@ def test_summary_mean_and_std_over_seeds():
     mean, std = groups[(10, 0.003)]["stats"]["accuracy"]
     assert mean == pytest.approx(1 - 0.65 / 2) and std == pytest.approx(0.05 / math.sqrt(2))
     best = s["groups"][s["best"]["nll_mean"]]["settings"]
-    assert best == {"leapfrog-steps": 10, "step-size": 0.001}
+    assert best == {"step-size": 0.001, "leapfrog-steps": 10}
     assert s["groups"][s["best"]["accuracy"]]["settings"] == best
     text = format_summary(s)
-    assert "1.2 ± 0.42" in text and "best nll_mean (lowest): leapfrog-steps=10" in text
+    assert "1.2 ± 0.42" in text and "best nll_mean (lowest): step-size=0.001" in text
 
 
 def test_the_sd_of_one_value_is_undefined_not_zero():
