@@ -15,11 +15,11 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted, loads_json
-from fedhmc.runtime.config import RunConfig, recorded_settings
+from fedhmc.runtime.config import RunConfig, recorded_settings, refuse_unused, unused_settings
 from fedhmc.runtime.lock import FolderLock
 from fedhmc.runtime.output import mark_folder
 from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
@@ -302,6 +302,7 @@ def run_sweep(
     progress: bool = True,
     log=print,
     threads: int | str | None = "auto",
+    given: Collection[str] = (),
 ) -> list[dict]:
     """Run every cell of ``grid`` (on top of ``base``) into ``out/cells/`` and build the table.
 
@@ -324,6 +325,10 @@ def run_sweep(
     threads
         torch threads of a one-worker sweep: a number, or ``"auto"`` (each cell chooses
         from its size, fedhmc.runtime.threads).
+    given
+        The settings (RunConfig field names) the user gave for every cell: one that no
+        cell would make use of is refused before any cell runs
+        (`refuse_unused_in_every_cell`).
 
     Returns
     -------
@@ -333,14 +338,14 @@ def run_sweep(
     lock = FolderLock(out, "a sweep").acquire()  # two sweeps never share a folder
     ok = False
     try:
-        rows = _run_sweep(out, grid, base, workers, progress, log, threads)
+        rows = _run_sweep(out, grid, base, workers, progress, log, threads, given)
         ok = True
         return rows
     finally:
         lock.release(discard=not ok)  # a refused sweep leaves no empty folder
 
 
-def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
+def _run_sweep(out, grid, base, workers, progress, log, threads, given) -> list[dict]:
     """run_sweep's body, run while the folder's lock is held."""
     base = dict(base or {})
     base.pop("out", None)
@@ -353,6 +358,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
     out = Path(out)
     cells = _sweep_cells(grid, base)
+    refuse_unused_in_every_cell(cells, given)  # no option accepted without effect
     try:
         mark_folder(out)  # the folder is fedhmc's from its first file on
         (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -402,15 +408,34 @@ def _sweep_cells(grid: dict, base: dict) -> list[dict]:
         try:
             cfg = RunConfig.from_mapping(settings)
             cid = cell_id(settings, cell)
-            cfg.resolve()
+            resolved = cfg.resolve()
         except ConfigError as e:
             desc = " ".join(f"{k}={v}" for k, v in cell.items())
             raise ConfigError(f"cell {desc}: {e}") from None
-        cells.append({"id": cid, "cell": cell, "settings": settings, "cfg": cfg})
+        cells.append(
+            {"id": cid, "cell": cell, "settings": settings, "cfg": cfg, "resolved": resolved}
+        )
     ids = [c["id"] for c in cells]
     if len(set(ids)) != len(ids):
         raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
     return cells
+
+
+def refuse_unused_in_every_cell(cells: list[dict], given: Collection[str]) -> None:
+    """Refuse, in one line, a setting given for every cell (``given``: RunConfig field
+    names) that no cell of the grid would make use of: ``fedhmc run``'s rule
+    (`fedhmc.runtime.config.refuse_unused`) over the whole grid. A setting that some cells
+    use is fine (``--max-staleness`` in a grid of FA-HMC and asynchronous cells)."""
+    unused = set(given)
+    for c in cells:
+        unused &= set(unused_settings(c["resolved"].to_dict()))
+    if not unused or not cells:
+        return
+    key = next(k for k in given if k in unused)
+    try:
+        refuse_unused(cells[0]["resolved"], {key})
+    except ConfigError as e:
+        raise ConfigError(str(e).replace("this run would make no", "no cell of the grid would make")) from None
 
 
 def _run_recorded(out: Path, record: dict, todo: list[dict], how: tuple, log) -> None:
