@@ -308,9 +308,7 @@ class RoundServer:
     def load_state_dict(self, saved: dict) -> None:
         from fedhmc.runtime import checkpoint
 
-        self.state = checkpoint.state_from_dict(
-            saved.get("state"), type(self.state), self.device, settings=self.settings
-        )
+        self.state = checkpoint.state_from_dict(saved.get("state"), type(self.state), self.device)
         self.failed_rounds = int(saved.get("failed_rounds", 0))
 
     def summary(self) -> dict:

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -172,12 +171,6 @@ class AsyncChain:
         return sum(self.dropped_staleness.values())
 
 
-def _timestamp_of_saved_step(t: int, settings=None) -> dict:
-    """An earlier version's saved ``step``: the timestamp t. Its ``step`` calls that dropped
-    a gradient left no trace, so ``round`` is read as the t calls that applied one."""
-    return {"timestamp": t, "round": t}
-
-
 @dataclass(frozen=True)
 class State:
     """One asynchronous chain: position θ (D,), momentum q (D,), the ``step`` calls so far
@@ -189,9 +182,6 @@ class State:
     round: int = 0
     timestamp: int = 0
     chain: int = 0
-
-    RENAMED: ClassVar[dict] = {"step": _timestamp_of_saved_step}
-    """Checkpoints of earlier versions saved the timestamp as ``step``."""
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -237,9 +236,6 @@ class State:
     energy: torch.Tensor | None = None
     grad: torch.Tensor | None = None
     round: int = 0
-
-    RENAMED: ClassVar[dict] = {"step": "round"}
-    """Checkpoints of earlier versions saved ``round`` as ``step``."""
 
 
 @dataclass(frozen=True)

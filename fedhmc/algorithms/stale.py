@@ -25,7 +25,6 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
@@ -98,23 +97,6 @@ class Settings:
             raise ConfigError(f"temperature must be > 0, got {self.temperature}")
 
 
-def _round_of_euler_steps(euler_steps: int, settings: Settings | None) -> dict:
-    """An earlier version's saved ``step`` (the Euler steps taken, l) as ``round`` (the
-    ``step`` calls, ``settings.steps`` Euler steps each): what ``State.RENAMED`` reads."""
-    if settings is None:
-        raise ConfigError(
-            "cannot resume: the checkpoint counts SGHMC / SGLD steps, and reading them as "
-            "rounds needs the run's settings"
-        )
-    rounds, rest = divmod(int(euler_steps), int(settings.steps))
-    if rest:
-        raise ConfigError(
-            f"cannot resume: the checkpoint's {euler_steps} SGHMC / SGLD steps are not whole "
-            f"rounds of {settings.steps} steps; start the run again with --overwrite"
-        )
-    return {"round": rounds}
-
-
 @dataclass(frozen=True)
 class State:
     """Chains between calls to ``step``."""
@@ -128,9 +110,6 @@ class State:
     round: int = 0
     """The number of ``step`` calls so far: the chains have taken l = round × T Euler steps
     (T = ``settings.steps``)."""
-
-    RENAMED: ClassVar[dict] = {"step": _round_of_euler_steps}
-    """Checkpoints of earlier versions saved l, the Euler steps taken, as ``step``."""
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,7 @@ def load_draws(run: Path) -> np.ndarray:
         return load_samples(run)
     from fedhmc.runtime import checkpoint
 
+    checkpoint.peek(run)  # a checkpoint of another fedhmc: refused, in one line
     try:
         state, _ = checkpoint.load(run)
     except ConfigError:

@@ -36,7 +36,7 @@ from fedhmc.errors import (
     loads_json,
 )
 from fedhmc.runtime import checkpoint
-from fedhmc.runtime.backends import prepare  # also engine.prepare, for older imports
+from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.output import RunWriter, check_metrics_file
 from fedhmc.runtime.problem import (
@@ -947,7 +947,7 @@ class EngineBackend:
 
     def load_state_dict(self, saved: dict) -> None:
         cls = type(self.state)
-        self.state = checkpoint.state_from_dict(saved, cls, self.device, settings=self.settings)
+        self.state = checkpoint.state_from_dict(saved, cls, self.device)
 
     def summary(self) -> dict:
         """Whether a module's gradient ran compiled (``--compile``; None: no module); with

@@ -388,8 +388,8 @@ def check_metrics_file(out: str | os.PathLike, written: dict | None, round_: int
     if not _valid_written(written):
         raise ConfigError(
             f"cannot resume from {str(out)!r}: its checkpoint does not record what metrics.csv "
-            "held (written by an earlier fedhmc, or edited), so a changed file would go "
-            "unnoticed; start the run again (--overwrite)"
+            "held (it was edited), so a changed file would go unnoticed; start the run again "
+            "(--overwrite)"
         )
     data = _read_prefix(path, written["bytes"])
     header = next(csv.reader([data.partition(b"\n")[0].decode(errors="replace")]), [])
