@@ -26,7 +26,7 @@ from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.errors import FedHMCError, ModelError
+from fedhmc.errors import MODEL_ERROR_CODE, FedHMCError, ModelError
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
@@ -248,9 +248,7 @@ class RoundServer:
     def _check_failures(self, failed: dict, r: int) -> None:
         """Stop the run where a failure says every round would fail alike (the user's
         module's error), or where ``--on-failure stop`` says so; else log each."""
-        from fedhmc.runtime import wire
-
-        model_failed = f"error {wire.MODEL_ERROR_CODE}: "
+        model_failed = f"error {MODEL_ERROR_CODE}: "
         for why in failed.values():
             if why.startswith(model_failed):
                 raise ModelError(f"round {r}: on a client, {why[len(model_failed) :]}")
