@@ -8,7 +8,7 @@ order and hands them to ``fedhmc.algorithms.federated.finish``: the algorithm's 
 for combining them (weights n_c renormalised over the clients that replied, or partial
 participation's coefficients) and its ``server_update``, the functions the engine's
 ``step`` ends with. The loop between rounds (sample collection, metrics, files) is the
-engine's own ``run_loop``, so the output files are the same.
+one the engine runs too (`fedhmc.runtime.loop.run_loop`), so the output files are the same.
 
 The server computes on the run's device (``--device``): its evaluator, θ̄ and the
 algorithm's state live there, every reply is moved there before the average, and what
@@ -30,7 +30,7 @@ from fedhmc.errors import MODEL_ERROR_CODE, FedHMCError, ModelError
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
-    from fedhmc.runtime.engine import RoundStats, RunResult
+    from fedhmc.runtime.loop import RoundStats, RunResult
 
 __all__ = ["query_sizes", "round_config", "serve", "wait_for_nodes"]
 
@@ -80,7 +80,7 @@ def serve(
         )
     # The heavy part, while the size query is in flight.
     from fedhmc.runtime.backends import prepare
-    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.loop import run_loop
     from fedhmc.runtime.problem import build_evaluator
 
     cfg = prepare(cfg)
@@ -111,7 +111,7 @@ class RoundServer:
         import torch
 
         from fedhmc.algorithms import registry
-        from fedhmc.runtime.engine import setup_rounds_of
+        from fedhmc.runtime.loop import setup_rounds_of
         from fedhmc.runtime.problem import initial_position, torch_dtype
 
         self.cfg, self.exchange = cfg, started.exchange
@@ -139,7 +139,7 @@ class RoundServer:
     def round(self, r: int) -> RoundStats:
         """Round ``r``: send, collect, validate, combine."""
         from fedhmc.algorithms import federated
-        from fedhmc.runtime.engine import RoundStats
+        from fedhmc.runtime.loop import RoundStats
         from fedhmc.runtime.problem import bits_up_per_round
 
         message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)

@@ -18,7 +18,7 @@ import warnings
 from fedhmc.algorithms import registry
 from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import MODELS, RunConfig
-from fedhmc.runtime.engine import RunResult
+from fedhmc.runtime.loop import RunResult
 
 
 def flower_environment(home: str | None = None) -> None:
@@ -67,7 +67,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
 
     result: dict = {}
     server = make_server_app(cfg, result, on_round)
-    from fedhmc.runtime.engine import StopRequest
+    from fedhmc.runtime.loop import StopRequest
 
     StopRequest.signum = None
     on_signal = _stop_on_signal(progress)
@@ -110,7 +110,7 @@ def _checked_before_start(cfg: RunConfig) -> RunConfig:
     cfg = prepare(cfg)
     cfg.to_run_config()  # one line, before start-up, if the apps could not rebuild the run
     if cfg.resume:  # the checkpoint's checks too, before Ray starts (they take seconds)
-        from fedhmc.runtime.engine import prepare_out
+        from fedhmc.runtime.loop import prepare_out
 
         prepare_out(cfg)
     if cfg.model not in MODELS:
@@ -128,7 +128,7 @@ def _checked_before_start(cfg: RunConfig) -> RunConfig:
 def _stop_on_signal(progress: bool):
     """The SIGINT/SIGTERM handler: the first signal stops the run after this round (said
     on stderr when ``progress``), a second one at once (`_hard_stop`)."""
-    from fedhmc.runtime.engine import StopRequest, request_stop
+    from fedhmc.runtime.loop import StopRequest, request_stop
 
     def on_signal(signum, frame):
         if StopRequest.signum is not None:  # a second signal: stop at once
@@ -171,7 +171,7 @@ def _run_keeping_handlers(simulate, old_handlers: dict, on_signal) -> None:
 def _clean_up(old_handlers: dict, reaper) -> None:
     """After the run: the old signal handlers back, no stop pending, and the reaper (Ray's
     watchdog) ended."""
-    from fedhmc.runtime.engine import StopRequest
+    from fedhmc.runtime.loop import StopRequest
 
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)

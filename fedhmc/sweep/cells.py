@@ -103,8 +103,8 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
-        from fedhmc.runtime.backends import run_config
-        from fedhmc.runtime.engine import resume_or_replace
+        from fedhmc.runner import run_config
+        from fedhmc.runtime.loop import resume_or_replace
 
         cell = {**settings, "out": cell_dir}
         device = os.environ.get(DEVICE_ENV)

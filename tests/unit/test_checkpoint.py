@@ -194,7 +194,7 @@ def test_kill_9_leaves_a_resumable_directory(tmp_path):
 
 
 def test_an_algorithm_without_a_checkpointed_server_is_refused(tmp_path):
-    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.loop import run_loop
     from fedhmc.runtime.problem import build_problem
 
     class Unsaved:  # a backend whose state no checkpoint keeps

@@ -182,12 +182,12 @@ def test_a_module_instance_keeps_its_frozen_values(tmp_path):
 
 
 def _frozen_recorded() -> bool:
-    """Whether the runtime records the frozen layout (fedhmc/runtime/engine.py; issue 37)."""
+    """Whether the runtime records the frozen layout (fedhmc/runtime/loop.py; issue 37)."""
     import inspect
 
-    from fedhmc.runtime import engine
+    from fedhmc.runtime import loop
 
-    return "frozen_layout" in inspect.getsource(engine)
+    return "frozen_layout" in inspect.getsource(loop)
 
 
 @pytest.mark.skipif(not _frozen_recorded(), reason="the engine does not record frozen yet")

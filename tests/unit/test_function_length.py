@@ -31,6 +31,7 @@ SHORT = (
     "fedhmc/algorithms/mhmc.py",
     "fedhmc/algorithms/stale.py",
     "fedhmc/algorithms/async_sgmcmc.py",
+    "fedhmc/runner.py",
     "datasets",
 )
 WIDE_SIGNATURES = {

@@ -139,8 +139,9 @@ def test_an_exploding_energy_error_ends_the_run_as_diverged(tmp_path):
     from the start far from the posterior) the run completes."""
     import json
 
+    from fedhmc.errors import NonFiniteError
     from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import NonFiniteError, run
+    from fedhmc.runtime.engine import run
 
     kw = dict(dataset="gaussian-hetero", dtype="float64", local_steps=1, rounds=5)
     cfg = RunConfig(step_size=2.5, out=str(tmp_path / "a"), **kw)

@@ -597,7 +597,7 @@ def test_a_layout_failure_in_the_run_runs_that_call_as_written_in_one_line(compi
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
     import fedhmc_server.simulation as sim
 
-    from fedhmc.runtime.backends import run_config
+    from fedhmc.runner import run_config
 
     seen = {}
     monkeypatch.setattr(sim, "run_flower", lambda cfg, **kw: seen.setdefault("cfg", cfg))
