@@ -50,6 +50,7 @@ from fedhmc.core import SYNC_UNITS, gradients, participation, rng
 from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
+from fedhmc.core.streams import STREAM_MINIBATCH, STREAM_MOMENTUM, STREAM_RESHUFFLE
 from fedhmc.errors import ConfigError
 
 
@@ -263,7 +264,7 @@ def round_keys(
 def data_keys(client_seeds: torch.Tensor, chains: torch.Tensor) -> torch.Tensor:
     """Keys (S, N) of the random-reshuffling minibatches: one per chain and client for the
     whole run (the permutation of a pass does not depend on the round)."""
-    return rng.derive(client_seeds.view(1, -1), rng.STREAM_RESHUFFLE, chains.view(-1, 1))
+    return rng.derive(client_seeds.view(1, -1), STREAM_RESHUFFLE, chains.view(-1, 1))
 
 
 def local_iterations(
@@ -319,7 +320,7 @@ def local_iterations(
     """
     S, N, D = theta.shape
     eta = settings.step_size
-    keys_mom = rng.derive(private_keys, rng.STREAM_MOMENTUM)
+    keys_mom = rng.derive(private_keys, STREAM_MOMENTUM)
     keys_noise = gradients.noise_keys(private_keys)
     if getattr(target, "minibatch", "uniform") == "reshuffle":
         if reshuffle_keys is None:
@@ -327,7 +328,7 @@ def local_iterations(
         offset = settings.evals_before(round_) if first_minibatch is None else first_minibatch
         keys_batch, plan = reshuffle_keys, False
     else:
-        keys_batch, offset, plan = rng.derive(private_keys, rng.STREAM_MINIBATCH), 0, True
+        keys_batch, offset, plan = rng.derive(private_keys, STREAM_MINIBATCH), 0, True
     sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
     last_energy = torch.zeros(S, N, dtype=theta.dtype, device=theta.device)
     abs_dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)

@@ -29,7 +29,12 @@ from dataclasses import dataclass
 import torch
 
 from fedhmc.core import gradients, rng
-from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_STALE_NOISE
+from fedhmc.core.streams import (
+    STREAM_CHAIN,
+    STREAM_STALE_BATCH,
+    STREAM_STALE_DELAY,
+    STREAM_STALE_NOISE,
+)
 from fedhmc.errors import ConfigError
 
 METHODS = ("sghmc", "sgld")
@@ -147,7 +152,7 @@ def chain_keys(seed: int, chains: int | torch.Tensor, device=None) -> torch.Tens
         idx = torch.arange(chains, device=device)
     else:
         idx = chains if device is None else chains.to(device)
-    return rng.derive(seed, rng.STREAM_CHAIN, idx)
+    return rng.derive(seed, STREAM_CHAIN, idx)
 
 
 def delays(keys: torch.Tensor, step: int, settings: Settings) -> torch.Tensor:

@@ -31,18 +31,6 @@ import math
 import numpy as np
 import torch
 
-from fedhmc.core.streams import (  # noqa: F401 (rng.STREAM_* is the usual spelling)
-    STREAM_ANCHOR,
-    STREAM_CHAIN,
-    STREAM_CLIENT,
-    STREAM_GRAD_NOISE,
-    STREAM_INIT,
-    STREAM_MINIBATCH,
-    STREAM_MOMENTUM,
-    STREAM_RESHUFFLE,
-    STREAM_ROUND,
-)
-
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15
 _M1 = 0xBF58476D1CE4E5B9

@@ -23,6 +23,7 @@ from fedhmc.analysis.metrics import (
 from fedhmc.core import rng
 from fedhmc.core.determinism import deterministic_cuda
 from fedhmc.core.graphs import RoundGraphs
+from fedhmc.core.streams import STREAM_INIT
 from fedhmc.errors import ConfigError
 from fedhmc.models import nets
 from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
@@ -333,7 +334,7 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     dtype = torch_dtype(cfg)
     init = cfg.init or "auto"
     # Drawn on the CPU and then moved: the same start on every device.
-    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S, device="cpu"))
+    keys = rng.derive(cfg.seed, STREAM_INIT, torch.arange(S, device="cpu"))
     if model is None:  # a synthetic target: no layers
         if init == "normal":
             return rng.normal(keys, 0, dim, dtype).to(device)
