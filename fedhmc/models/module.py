@@ -64,8 +64,8 @@ from fedhmc.core import rng
 from fedhmc.errors import ConfigError, ModelError
 from fedhmc.models import BATCHINGS
 
-# (describe_factory, format_model_args, load_factory, parse_model_args and spec_of are
-# re-exported: the run configuration and the benchmarks import them from here)
+# describe_factory, format_model_args, load_factory, parse_model_args and spec_of are
+# fedhmc.models.loading's; fedhmc.runtime.config still imports them from here.
 from fedhmc.models.loading import (
     BUILD_SEED,
     build_module,

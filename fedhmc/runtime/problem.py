@@ -26,7 +26,8 @@ from fedhmc.core.graphs import RoundGraphs
 from fedhmc.core.streams import STREAM_INIT
 from fedhmc.errors import ConfigError
 from fedhmc.models import nets
-from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
+from fedhmc.models.loading import describe_factory, load_factory, parse_model_args
+from fedhmc.models.module import TorchModel
 from fedhmc.models.targets import DataTarget, GaussianTarget, hetero_gaussian
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.presets import GAUSSIAN_TARGETS

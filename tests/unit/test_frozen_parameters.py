@@ -253,7 +253,7 @@ def test_the_pages_last_layer_example_samples_the_head_alone(tmp_path, monkeypat
     result = run(cfg, progress=False)
     assert result.summary["dim"] == 650
     assert result.summary["model_parameters"] == [["1.weight", [10, 64]], ["1.bias", [10]]]
-    from fedhmc.models.module import load_factory
+    from fedhmc.models.loading import load_factory
 
     model = TorchModel(load_factory("lastlayer:last_layer"), 10, torch.zeros(4, 1, 8, 8))
     saved = torch.load(tmp_path / "body.pt", weights_only=True)

@@ -16,7 +16,8 @@ from torch import nn
 from fedhmc import RunConfig, run
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
-from fedhmc.models.module import TorchModel, format_model_args, parse_model_args
+from fedhmc.models.loading import format_model_args, parse_model_args
+from fedhmc.models.module import TorchModel
 from fedhmc.models.nets import MLP, LogisticRegression
 from fedhmc.models.targets import DataTarget
 from fedhmc.runtime.problem import build_problem, initial_position
