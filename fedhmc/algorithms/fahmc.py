@@ -46,7 +46,7 @@ from fedhmc.algorithms.federated import (
     round_clients,
     round_seed,
 )
-from fedhmc.core import SYNC_UNITS, gradients, participation, rng
+from fedhmc.core import PARTICIPATION_SCHEMES, SYNC_UNITS, gradients, participation, rng
 from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
@@ -229,8 +229,8 @@ def _refusal(s: Settings) -> str | None:
         return "restart needs sync_unit='leapfrog'"
     if not (s.clients_per_round is None or _whole(s.clients_per_round, 1)):
         return f"clients per round must be an integer ≥ 1, got {s.clients_per_round}"
-    if s.participation not in participation.SCHEMES:
-        return f"participation must be one of {participation.SCHEMES}, got {s.participation!r}"
+    if s.participation not in PARTICIPATION_SCHEMES:
+        return f"participation must be one of {PARTICIPATION_SCHEMES}, got {s.participation!r}"
     return None
 
 

@@ -224,9 +224,6 @@ def atomic_write(path: str | os.PathLike, write) -> None:
         raise
 
 
-_atomic_write = atomic_write
-
-
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text))
 
@@ -323,7 +320,7 @@ class RunWriter:
         }
 
     def write_config(self, config: dict) -> None:
-        _atomic_write(
+        atomic_write(
             self.out / "config.json",
             lambda p: p.write_text(json.dumps(config, indent=2, default=str) + "\n"),
         )
@@ -344,10 +341,10 @@ class RunWriter:
             with open_private(p) as f:  # the draws may reveal the data: 0600
                 np.save(f, arr)
 
-        _atomic_write(self.out / "samples.npy", write)
+        atomic_write(self.out / "samples.npy", write)
 
     def write_summary(self, summary: dict) -> None:
-        _atomic_write(
+        atomic_write(
             self.out / "summary.json",
             lambda p: p.write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n"),
         )

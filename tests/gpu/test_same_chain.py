@@ -133,7 +133,8 @@ def test_resume_across_devices(cell, direction, device64, tmp_path, record_prope
 
 
 def test_participation_draw_on_device(device64):
-    from fedhmc.core.participation import SCHEMES, draw
+    from fedhmc.core import PARTICIPATION_SCHEMES as SCHEMES
+    from fedhmc.core.participation import draw
 
     weights = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15], dtype=torch.float64)
     cmp = Comparison()
