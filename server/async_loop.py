@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from fedhmc_server.exchange import failure_reason
 from fedhmc_server.startup import Started, begin
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -136,7 +137,7 @@ class AsyncServer:
         nid, s, t, _ = self.inflight.pop(mid)
         chain = self.chains[s]
         if rep.has_error() or not rep.has_content():
-            why = f"error {rep.error.code}: {rep.error.reason}" if rep.has_error() else "empty"
+            why = failure_reason(rep.error.code, rep.error.reason) if rep.has_error() else "empty"
             self._failed(nid, s, False, why)
             return
         self.round_counts["bytes_up"] += sum(r.count_bytes() for r in rep.content.values())

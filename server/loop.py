@@ -22,11 +22,12 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fedhmc_server.exchange import PROCESS_DIED
 from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.errors import MODEL_ERROR_CODE, FedHMCError, ModelError
+from fedhmc.errors import MODEL_ERROR_CODE, ModelError, RunFailed
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
@@ -247,18 +248,35 @@ class RoundServer:
 
     def _check_failures(self, failed: dict, r: int) -> None:
         """Stop the run where a failure says every round would fail alike (the user's
-        module's error), or where ``--on-failure stop`` says so; else log each."""
+        module's error, a client process that died), or where ``--on-failure stop`` says
+        so; else log them, one line for the clients that failed alike."""
         model_failed = f"error {MODEL_ERROR_CODE}: "
-        for why in failed.values():
+        for nid, why in failed.items():
             if why.startswith(model_failed):
                 raise ModelError(f"round {r}: on a client, {why[len(model_failed) :]}")
+            if why.startswith(PROCESS_DIED):  # (the simulation restarts no client process)
+                raise RunFailed(
+                    f"round {r}: client {nid} (partition {self.sizes[nid][0]}): {why}: its "
+                    "code ended or crashed the process (os._exit, a crash in native code) or "
+                    "it ran out of memory, and the run cannot go on without it"
+                )
+        by_reason: dict[str, list[int]] = {}  # one line for the clients that failed alike
         for nid, why in failed.items():
-            log.warning(
-                "round %d: client %s (partition %s) failed: %s", r, nid, self.sizes[nid][0], why
-            )
+            by_reason.setdefault(why, []).append(nid)
+        for why, nids in by_reason.items():
+            if len(nids) == 1:
+                nid = nids[0]
+                log.warning(
+                    "round %d: client %s (partition %s) failed: %s", r, nid, self.sizes[nid][0], why
+                )
+            else:
+                parts = ", ".join(str(p) for p in sorted(self.sizes[n][0] for n in nids))
+                log.warning(
+                    "round %d: %d clients (partitions %s) failed: %s", r, len(nids), parts, why
+                )
         if failed and self.cfg.on_failure == "stop":
             nid, why = next(iter(failed.items()))
-            raise FedHMCError(
+            raise RunFailed(
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
@@ -273,7 +291,7 @@ class RoundServer:
         if failed:  # the first failure's reason: often every client's
             nid, why = next(iter(failed.items()))
             first = f" (client {nid}, partition {self.sizes[nid][0]}: {why})"
-        raise FedHMCError(
+        raise RunFailed(
             f"round {r}: no valid client reply in {self.failed_rounds} rounds{first}; "
             "see the log for each client's failure"
         )

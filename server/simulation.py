@@ -16,6 +16,7 @@ import threading
 import warnings
 
 from fedhmc.algorithms import registry
+from fedhmc.errors import FedHMCError, RunFailed, RunInterrupted, first_line
 from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import MODELS, RunConfig
 from fedhmc.runtime.loop import RunResult
@@ -81,7 +82,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
     # client_resources).
     colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    from fedhmc_server.flower_log import FlowerOutput
     from fedhmc_server.reaper import start_reaper
 
     reaper = start_reaper()  # Ray's processes end with this one, even under kill -9
@@ -89,17 +90,43 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
     def simulate() -> None:
         _simulate(run_simulation, server, client, cfg, colocated)
 
+    output, stopped = FlowerOutput(), None  # Flower's and Ray's account: to flower.log
     try:
-        if old_handlers:
-            _run_keeping_handlers(simulate, old_handlers, on_signal)
-        else:
-            simulate()
+        with output:
+            if old_handlers:
+                _run_keeping_handlers(simulate, old_handlers, on_signal)
+            else:
+                simulate()
+    except Exception as e:  # Flower's runtime failed; the run's own error is in `result`
+        stopped = e
     finally:
         _clean_up(old_handlers, reaper)
-    if "error" in result:
-        raise result["error"]
+    return _outcome(result, output.write(cfg.out), stopped)
+
+
+def _outcome(result: dict, flower_log, stopped: Exception | None) -> RunResult:
+    """The run's result, or its error on one line naming ``flower_log`` (where Flower's
+    own account of the failure went) when one was written; ``stopped``: what Flower's
+    runtime raised, if it did."""
+    where = f"; Flower's log is in {flower_log}" if flower_log else ""
+    error = result.get("error")
+    named = isinstance(error, FedHMCError) and not isinstance(error, RunInterrupted)
+    if named and error.args and where:
+        error.args = (f"{error.args[0]}{where}", *error.args[1:])
+    if error is not None:
+        raise error
     if "result" not in result:
-        raise RuntimeError("the Flower simulation ended without a result; see its log")
+        cause = first_line(stopped) if stopped is not None else "no reason given"
+        raise RunFailed(
+            f"Flower's simulation stopped before the run ended ({cause}){where}"
+        ) from stopped
+    log = logging.getLogger("fedhmc.server")
+    if stopped is not None:  # after the run's end: its files are complete
+        log.warning(
+            "Flower's simulation failed after the run ended (%s)%s", first_line(stopped), where
+        )
+    elif flower_log:  # a run that went on despite failures, which Flower logged
+        log.warning("Flower's log is in %s", flower_log)
     return result["result"]
 
 

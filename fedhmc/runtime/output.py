@@ -62,6 +62,7 @@ RUN_FILES = (
     "posterior.outdated.nc",
     "staleness.csv",
     "workers.csv",
+    "flower.log",
     "sweep.json",
     "results.csv",
     "results.parquet",
