@@ -290,6 +290,7 @@ def prepare_out(cfg: RunConfig) -> dict | None:
             "summary.json",
             "staleness.csv",
             "workers.csv",
+            "flower.log",
             EXPORT,
             OUTDATED_EXPORT,
         ):
