@@ -460,8 +460,8 @@ def async_worker_target(cfg, partition_id: int, num_total: int | None = None, de
 
 MEMORY_COPIES = 8
 """Arrays of the clients' (N, S, D) positions that a round holds at its peak: positions,
-momenta, gradients, and the parameters and gradients of the batched forward pass. About 10
-were measured for a module; 8 keeps the estimate below what a run needs, so that a run
+momenta, gradients, and the parameters and gradients of the batched forward pass. A
+module's round holds about 10; 8 keeps the estimate below what a run needs, so that a run
 that fits is never refused."""
 
 
