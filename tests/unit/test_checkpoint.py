@@ -207,4 +207,3 @@ def test_an_algorithm_without_a_checkpointed_server_is_refused(tmp_path):
     problem = build_problem(cfg)
     with pytest.raises(ConfigError, match="cannot be resumed"):
         run_loop(cfg, problem.evaluator, Unsaved(), dim=1, num_clients=2, description="")
-
