@@ -480,8 +480,7 @@ class _Run:
 
     def _resume(self, resumed: dict, history: list[dict]) -> None:
         """The loop's own part of the checkpoint: counters, draws, samples, the evaluator's
-        running average and the metrics so far. θ̄ is the backend's (its state holds it;
-        a format-2 checkpoint's separate ``theta_bar`` is the same tensor, left unread)."""
+        running average and the metrics so far. θ̄ is the backend's: its state holds it."""
         _note_device_change(self.cfg, resumed)
         # The checkpoint's tensors were loaded on the CPU; each goes to the device of the
         # part of the run that uses it (the backend's state: θ₀'s; the evaluator's running
