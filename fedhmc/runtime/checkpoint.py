@@ -148,6 +148,9 @@ def _header(line: bytes) -> dict:
         raise ValueError(
             f"its header is a JSON {type(header).__name__}, not the object fedhmc writes"
         )
+    fmt, version = header.get("format"), header.get("version")
+    if type(fmt) is int and fmt != FORMAT and isinstance(version, str):
+        raise OtherFormat(fmt, version)  # whatever else its header holds
     for key, kind in HEADER_FIELDS.items():
         value = header.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -159,8 +162,6 @@ def _header(line: bytes) -> dict:
                          f"{header['round']}), not what fedhmc writes")  # fmt: skip
     if "config" in header and not isinstance(header["config"], dict):
         raise ValueError("its header's 'config' is not an object")
-    if header["format"] != FORMAT:
-        raise OtherFormat(header["format"], header["version"])
     return header
 
 
