@@ -240,7 +240,7 @@ def _fedhmc_fn(cfg, problem, dev, T: int, K: int, rounds: int):
     """``rounds`` FA-HMC rounds as a run makes them (the run's sampler settings with
     T and K set): returns (fn, leapfrog steps per call, per client)."""
     from fedhmc.algorithms import fahmc
-    from fedhmc.runtime.engine import sampler_settings
+    from fedhmc.runtime.loop import sampler_settings
     from fedhmc.runtime.problem import initial_position
 
     settings = sampler_settings(cfg.replace(local_steps=T, leapfrog_steps=K))

@@ -184,7 +184,7 @@ def bench_generic(
     device: torch.device,
 ) -> dict:
     """Evaluations per second of the built-in model and its ``nn.Module`` twins."""
-    from fedhmc.models.module import format_model_args
+    from fedhmc.models.loading import format_model_args
     from fedhmc.runtime.problem import build_problem, initial_position
     from fedhmc.runtime.threads import auto_threads, gradient_work
 

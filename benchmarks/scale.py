@@ -59,7 +59,7 @@ def _config(num_clients: int, clients_per_round: int, **kw):
 def bench_rounds(sizes=ROUND_SIZES, S: int = CLIENTS_PER_ROUND, rounds: int = 5, repeats: int = 3):
     """Median seconds of ``rounds`` FA-HMC rounds at each N (interleaved), per round."""
     from fedhmc.algorithms import fahmc
-    from fedhmc.runtime.engine import sampler_settings
+    from fedhmc.runtime.loop import sampler_settings
     from fedhmc.runtime.problem import build_problem
     from fedhmc.runtime.threads import apply_threads, round_work
 

@@ -399,7 +399,8 @@ def bench_eval(dataset: str, repeats: int, T: int | None = None, K: int | None =
         cfg = cfg.replace(leapfrog_steps=K)
     cfg = cfg.resolve()
     problem = build_problem(cfg)
-    from fedhmc.runtime.engine import initial_position, sampler_settings
+    from fedhmc.runtime.loop import sampler_settings
+    from fedhmc.runtime.problem import initial_position
 
     settings = sampler_settings(cfg)
     theta = initial_position(problem.model, problem.dim, cfg)

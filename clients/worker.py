@@ -165,17 +165,8 @@ def warm_imports() -> None:
     import sklearn.model_selection  # noqa: F401
 
 
-def serve_worker(
-    path: str | Path,
-    ready: threading.Event | None = None,
-    stop: threading.Event | None = None,
-) -> None:
-    """Accept connections on ``path`` until SIGTERM/SIGINT, or until ``stop`` is set."""
-    from fedhmc_clients.compute import compute  # the heavy imports, once
-
-    warm_imports()
-
-    path = Path(path)
+def _listening_socket(path: Path) -> socket.socket:
+    """A Unix socket listening on ``path``, readable and writable by this user alone."""
     prepare_socket_path(path)
     server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     old_umask = os.umask(0o177)
@@ -185,42 +176,57 @@ def serve_worker(
         os.umask(old_umask)
     os.chmod(path, 0o600)
     server.listen(8)
-    me = os.getuid()
+    server.settimeout(0.5)  # to notice a stop
+    return server
+
+
+def _serve_one(conn: socket.socket, compute, lock: threading.Lock) -> None:
+    """Answer one connection of this user's (another user's is closed unanswered): the
+    message computed under ``lock``, or the error as the ClientApp reports it."""
+    with conn:
+        try:
+            if _peer_uid(conn) != os.getuid():
+                return
+            header, arrays = _unpack(conn)
+            t0 = time.perf_counter()
+            with lock:
+                out, metrics = compute(
+                    header["kind"],
+                    header["run_config"],
+                    header["node_config"],
+                    header["config"],
+                    arrays,
+                )
+            reply = {"ok": True, "metrics": metrics}
+            r = header["config"].get("round", "")
+            print(
+                f"fedhmc worker: served {header['kind']}{f' round {r}' if r else ''} "
+                f"in {time.perf_counter() - t0:.2f} s",
+                flush=True,
+            )
+        except Exception as e:  # noqa: BLE001 (reported to the ClientApp)
+            out, reply = {}, {"ok": False, "error": f"{type(e).__name__}: {e}"}
+            if isinstance(e, FedHMCError):  # the user's: one line, nothing to retry
+                reply["user_error"] = str(e)
+        try:
+            conn.sendall(_pack(reply, out))
+        except OSError:
+            pass
+
+
+def serve_worker(
+    path: str | Path,
+    ready: threading.Event | None = None,
+    stop: threading.Event | None = None,
+) -> None:
+    """Accept connections on ``path`` until SIGTERM/SIGINT, or until ``stop`` is set."""
+    from fedhmc_clients.compute import compute  # the heavy imports, once
+
+    warm_imports()
+    path = Path(path)
+    server = _listening_socket(path)
     lock = threading.Lock()
     stop = stop or threading.Event()
-    server.settimeout(0.5)  # to notice ``stop``
-
-    def handle(conn: socket.socket) -> None:
-        with conn:
-            try:
-                if _peer_uid(conn) != me:
-                    return
-                header, arrays = _unpack(conn)
-                t0 = time.perf_counter()
-                with lock:
-                    out, metrics = compute(
-                        header["kind"],
-                        header["run_config"],
-                        header["node_config"],
-                        header["config"],
-                        arrays,
-                    )
-                reply = {"ok": True, "metrics": metrics}
-                r = header["config"].get("round", "")
-                print(
-                    f"fedhmc worker: served {header['kind']}{f' round {r}' if r else ''} "
-                    f"in {time.perf_counter() - t0:.2f} s",
-                    flush=True,
-                )
-            except Exception as e:  # noqa: BLE001 (reported to the ClientApp)
-                out, reply = {}, {"ok": False, "error": f"{type(e).__name__}: {e}"}
-                if isinstance(e, FedHMCError):  # the user's: one line, nothing to retry
-                    reply["user_error"] = str(e)
-            try:
-                conn.sendall(_pack(reply, out))
-            except OSError:
-                pass
-
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, lambda *_: (stop.set(), server.close()))
@@ -235,7 +241,7 @@ def serve_worker(
                 continue
             except OSError:
                 break
-            threading.Thread(target=handle, args=(conn,), daemon=True).start()
+            threading.Thread(target=_serve_one, args=(conn, compute, lock), daemon=True).start()
     finally:
         server.close()
         try:

@@ -54,7 +54,7 @@ is_flower_pid() {
     case "$(ps -o stat= -p "$1" 2>/dev/null)" in Z*) return 1 ;; esac  # dead, not yet reaped
     args="$(ps -o args= -p "$1" 2>/dev/null)" || return 1
     case "$args" in
-        *flower-super* | *flwr-* | *fedhmc_clients.worker*) return 0 ;;
+        *flower-super* | *flwr-* | *fedhmc_clients.worker* | *fedhmc_clients.launcher*) return 0 ;;
         *) return 1 ;;
     esac
 }

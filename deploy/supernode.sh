@@ -2,7 +2,8 @@
 # Usage: deploy/supernode.sh --superlink HOST:PORT --ca CA_CRT --key PRIVATE_KEY
 #                            --partition-id I --num-partitions N [--port PORT] [--name NAME]
 #                            [--device DEV] [--node-config 'k=v ...'] [--log FILE] [--pidfile FILE]
-#                            [--wait SECONDS] [--no-worker] [-- EXTRA flower-supernode ARGS]
+#                            [--wait SECONDS] [--no-worker] [--launcher fork|flower]
+#                            [-- EXTRA flower-supernode ARGS]
 #
 # Starts one Flower SuperNode (one federated client) in the background: TLS to the SuperLink, verified
 # with the CA certificate, and authenticated with a private key whose public key was registered
@@ -22,6 +23,12 @@
 #   --wait            seconds to wait for the SuperLink to accept the node (default 60); the script
 #                     fails if the SuperNode exits (e.g. its key is not registered: exit code 305)
 #   --no-worker       compute in each ClientApp process instead of the node's warm worker
+#   --launcher        how each message's ClientApp process starts (env SUPERNODE_LAUNCHER): fork
+#                     (default) forks it from a process that imported Flower once
+#                     (python -m fedhmc_clients.launcher beside a SuperNode started with
+#                     --isolation process: milliseconds); flower: Flower's own SuperExec starts a
+#                     fresh flwr-clientapp (--isolation subprocess: it imports Flower each time,
+#                     1.5-2 s of CPU a message). Either way each message runs in a process of its own.
 # By default a warm worker (python -m fedhmc_clients.worker) starts first, beside the SuperNode:
 # it keeps torch, the data partition and the target loaded across rounds, and each ClientApp
 # forwards its message to it over a Unix socket that only this user can open
@@ -46,6 +53,7 @@ log=""
 pidfile=""
 wait_s=60
 worker=1
+launcher="${SUPERNODE_LAUNCHER:-fork}"
 extra=()
 while [[ $# -gt 0 ]]; do
     case "$1" in
@@ -62,6 +70,7 @@ while [[ $# -gt 0 ]]; do
         --pidfile) pidfile="$2"; shift 2 ;;
         --wait) wait_s="$2"; shift 2 ;;
         --no-worker) worker=0; shift ;;
+        --launcher) launcher="$2"; shift 2 ;;
         --) shift; extra=("$@"); break ;;
         -h | --help) usage ;;
         *) echo "unknown option: $1" >&2; usage ;;
@@ -74,6 +83,10 @@ done
 [[ -z "$device" || "$device" =~ ^[a-z]+(:[0-9]+)?$ ]] ||
     die "--device takes cpu, cuda or cuda:N (got '$device')"
 [[ -z "$device" ]] || node_config="device=\"$device\"${node_config:+ $node_config}"
+[[ "$launcher" == fork || "$launcher" == flower ]] ||
+    die "--launcher takes fork or flower (got '$launcher')"
+isolation=()
+[[ "$launcher" == flower ]] || isolation=(--isolation process)
 
 need_cmd flower-supernode flower-superexec flwr-clientapp
 ca="$(abspath "$ca")"
@@ -121,9 +134,16 @@ nohup flower-supernode \
     --auth-supernode-private-key "$key" \
     --port "$port" \
     --node-config "partition-id=$pid_ num-partitions=$nparts${node_config:+ $node_config}" \
-    ${extra[@]+"${extra[@]}"} >>"$log" 2>&1 </dev/null &
+    ${isolation[@]+"${isolation[@]}"} ${extra[@]+"${extra[@]}"} >>"$log" 2>&1 </dev/null &
 pid=$!
-echo "$pid" >>"$pidfile"
+if [[ "$launcher" == fork ]]; then
+    # In the SuperExec's place: it ends with the SuperNode (--parent-pid), its fork server with it.
+    nohup python -m fedhmc_clients.launcher --runtime-api-address "127.0.0.1:$port" --insecure \
+        --parent-pid "$pid" >>"$log" 2>&1 </dev/null &
+    lpid=$!
+    echo "launcher $lpid" >>"$pidfile"
+fi
+echo "$pid" >>"$pidfile"  # (the SuperNode's PID comes last)
 
 # Accepted once the SuperLink hands out the node id ("SuperNode ID: ..." in the log).
 deadline=$((SECONDS + wait_s))
@@ -131,6 +151,7 @@ until tail -n "+$((start_line + 1))" "$log" | grep -q "SuperNode ID:"; do
     if ! kill -0 "$pid" 2>/dev/null; then
         rc=0; wait "$pid" || rc=$?
         [[ -z "${wpid:-}" ]] || kill "$wpid" 2>/dev/null || true
+        [[ -z "${lpid:-}" ]] || kill "$lpid" 2>/dev/null || true
         rm -f "$pidfile"
         log_tail "$log" 12
         flwr_code="$(tail -n "+$((start_line + 1))" "$log" | grep -o "Exit Code: [0-9]*" | tail -n1 || true)"

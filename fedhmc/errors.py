@@ -32,9 +32,9 @@ class ModelError(FedHMCError, RuntimeError):
 MODEL_ERROR_CODE = 3701
 """The error code of a Flower client's reply when the user's own module failed
 (`ModelError`): the same on every client and in every round, so the server stops the run
-at once with the client's one line instead of retrying rounds. Declared here, not in
-``fedhmc.runtime.wire`` (which re-exports it), because the ClientApp imports it: Flower
-starts a ClientApp process for every message, and wire imports PyTorch (seconds)."""
+at once with the client's one line instead of retrying rounds. Declared here, where the
+ClientApp and the ServerApp both import it without PyTorch: Flower starts a ClientApp
+process for every message."""
 
 
 class RunFailed(FedHMCError):

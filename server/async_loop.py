@@ -7,7 +7,7 @@ then on it polls ``pull_messages`` and applies each gradient as soon as it arriv
 (`fedhmc.algorithms.async_sgmcmc.AsyncChain`: an SGHMC Euler or SGLD update, timestamp + 1),
 then sends the new θ to that worker only. A gradient staler than ``--max-staleness`` server
 updates is dropped. A "round" of the output is ``--local-steps`` updates of every chain:
-θ of every chain at that timestamp goes through the engine's `fedhmc.runtime.engine.run_loop`
+θ of every chain at that timestamp goes through the shared `fedhmc.runtime.loop.run_loop`
 as the position of an `AsyncBackend` (burn-in, thinning, metrics, files), so the files are
 those of ``fedhmc run``, plus
 ``staleness.csv`` and ``workers.csv`` and an ``async`` block in ``summary.json``.
@@ -29,6 +29,7 @@ import time
 from pathlib import Path
 
 import torch
+from fedhmc_server.exchange import failure_reason
 from fedhmc_server.startup import Started, begin
 from flwr.app import Array, ArrayRecord, ConfigRecord, Message, RecordDict
 from flwr.serverapp import Grid
@@ -39,7 +40,7 @@ from fedhmc.errors import ConfigError, FedHMCError
 from fedhmc.runtime import wire
 from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.engine import RoundStats, RunResult, run_loop
+from fedhmc.runtime.loop import RoundStats, RunResult, run_loop
 from fedhmc.runtime.output import write_csv_atomic
 from fedhmc.runtime.problem import build_evaluator, initial_position, torch_dtype
 
@@ -136,7 +137,7 @@ class AsyncServer:
         nid, s, t, _ = self.inflight.pop(mid)
         chain = self.chains[s]
         if rep.has_error() or not rep.has_content():
-            why = f"error {rep.error.code}: {rep.error.reason}" if rep.has_error() else "empty"
+            why = failure_reason(rep.error.code, rep.error.reason) if rep.has_error() else "empty"
             self._failed(nid, s, False, why)
             return
         self.round_counts["bytes_up"] += sum(r.count_bytes() for r in rep.content.values())
@@ -231,7 +232,7 @@ class AsyncServer:
 
 
 class AsyncBackend:
-    """The asynchronous server as a backend of the engine's `fedhmc.runtime.engine.run_loop`:
+    """The asynchronous server as a backend of the shared `fedhmc.runtime.loop.run_loop`:
     round r is reached when every chain has applied r × ``--local-steps`` updates, and θ̄ is
     the chains' θ at that timestamp. Not resumable: the chains' server state is not
     checkpointed (``--resume`` is refused)."""

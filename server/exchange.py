@@ -15,6 +15,7 @@ replies either.
 from __future__ import annotations
 
 import logging
+import re
 import time
 from dataclasses import dataclass, field
 
@@ -25,6 +26,43 @@ log = logging.getLogger("fedhmc.server")
 POLL_FIRST_S = 0.005
 POLL_MAX_S = 0.1
 LATE_ROUNDS = 20
+
+PROCESS_DIED = "its ClientApp's process died"
+"""How a reply's failure begins when the client's process ended mid-message (it exited,
+crashed, or was killed): Flower's simulation does not restart it, so the run cannot go on."""
+
+_WRAPPED = re.compile(r"<class '([^']*)'>:<'(.*)'>\Z", re.DOTALL)
+_DIED = re.compile(r"ActorDiedError|RayActorError|WorkerCrashedError|ActorUnavailableError|"
+                   r"NodeDiedError|OutOfMemoryError")  # fmt: skip
+
+
+def failure_reason(code: int, reason: str) -> str:
+    """An error reply's reason on one line: ``error CODE: what happened``, or `PROCESS_DIED`.
+
+    Flower wraps what its runtime caught as ``<class 'T'>:<'message'>``; under the
+    simulation T is Ray's (``RayTaskError(ClientAppException)`` around the ClientApp's own
+    exception and its remote traceback, ``ActorDiedError`` when the process died). What
+    the user needs is the ClientApp's exception, its type and first line, or that the
+    process died; the rest (tracebacks, Ray's ids) stays in Flower's log."""
+    m = _WRAPPED.match(reason.strip())
+    if m is None:
+        return f"error {code}: {_first_line(reason)}"
+    kind, text = m.group(1), m.group(2)
+    if _DIED.search(kind):
+        return f"{PROCESS_DIED} ({kind.rsplit('.', 1)[-1]})"
+    said = text.partition("occurred. Message: ")[2] if "ClientAppException" in kind else ""
+    if said.strip():
+        first = _first_line(said)
+        raised = re.findall(rf"^([A-Za-z_][\w.]*): {re.escape(first)}$", text, re.MULTILINE)
+        raised = [r for r in raised if not r.endswith("ClientAppException")] or ["an exception"]
+        return f"error {code}: the ClientApp raised {raised[0]}: {first}"
+    return f"error {code}: {kind.rsplit('.', 1)[-1]}: {_first_line(text)}"
+
+
+def _first_line(text: str, limit: int = 300) -> str:
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    line = lines[0] if lines else "(no reason given)"
+    return line if len(line) <= limit else line[: limit - 1] + "…"
 
 
 @dataclass
@@ -141,7 +179,7 @@ class Exchange:
         if mid in pending:
             nid = pending.pop(mid)
             if rep.has_error():
-                failed[nid] = f"error {rep.error.code}: {rep.error.reason}"
+                failed[nid] = failure_reason(rep.error.code, rep.error.reason)
             else:
                 ok[nid] = rep
         elif mid in self.late:

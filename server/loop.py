@@ -8,7 +8,7 @@ order and hands them to ``fedhmc.algorithms.federated.finish``: the algorithm's 
 for combining them (weights n_c renormalised over the clients that replied, or partial
 participation's coefficients) and its ``server_update``, the functions the engine's
 ``step`` ends with. The loop between rounds (sample collection, metrics, files) is the
-engine's own ``run_loop``, so the output files are the same.
+one the engine runs too (`fedhmc.runtime.loop.run_loop`), so the output files are the same.
 
 The server computes on the run's device (``--device``): its evaluator, θ̄ and the
 algorithm's state live there, every reply is moved there before the average, and what
@@ -22,15 +22,16 @@ import time
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
+from fedhmc_server.exchange import PROCESS_DIED
 from fedhmc_server.startup import Started, begin, query_sizes, wait_for_nodes
 from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
-from fedhmc.errors import FedHMCError, ModelError
+from fedhmc.errors import MODEL_ERROR_CODE, ModelError, RunFailed
 from fedhmc.runtime.config import RunConfig
 
 if TYPE_CHECKING:
-    from fedhmc.runtime.engine import RoundStats, RunResult
+    from fedhmc.runtime.loop import RoundStats, RunResult
 
 __all__ = ["query_sizes", "round_config", "serve", "wait_for_nodes"]
 
@@ -80,7 +81,7 @@ def serve(
         )
     # The heavy part, while the size query is in flight.
     from fedhmc.runtime.backends import prepare
-    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.loop import run_loop
     from fedhmc.runtime.problem import build_evaluator
 
     cfg = prepare(cfg)
@@ -111,7 +112,7 @@ class RoundServer:
         import torch
 
         from fedhmc.algorithms import registry
-        from fedhmc.runtime.engine import setup_rounds_of
+        from fedhmc.runtime.loop import setup_rounds_of
         from fedhmc.runtime.problem import initial_position, torch_dtype
 
         self.cfg, self.exchange = cfg, started.exchange
@@ -139,7 +140,7 @@ class RoundServer:
     def round(self, r: int) -> RoundStats:
         """Round ``r``: send, collect, validate, combine."""
         from fedhmc.algorithms import federated
-        from fedhmc.runtime.engine import RoundStats
+        from fedhmc.runtime.loop import RoundStats
         from fedhmc.runtime.problem import bits_up_per_round
 
         message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)
@@ -247,20 +248,35 @@ class RoundServer:
 
     def _check_failures(self, failed: dict, r: int) -> None:
         """Stop the run where a failure says every round would fail alike (the user's
-        module's error), or where ``--on-failure stop`` says so; else log each."""
-        from fedhmc.runtime import wire
-
-        model_failed = f"error {wire.MODEL_ERROR_CODE}: "
-        for why in failed.values():
+        module's error, a client process that died), or where ``--on-failure stop`` says
+        so; else log them, one line for the clients that failed alike."""
+        model_failed = f"error {MODEL_ERROR_CODE}: "
+        for nid, why in failed.items():
             if why.startswith(model_failed):
                 raise ModelError(f"round {r}: on a client, {why[len(model_failed) :]}")
+            if why.startswith(PROCESS_DIED):  # (the simulation restarts no client process)
+                raise RunFailed(
+                    f"round {r}: client {nid} (partition {self.sizes[nid][0]}): {why}: its "
+                    "code ended or crashed the process (os._exit, a crash in native code) or "
+                    "it ran out of memory, and the run cannot go on without it"
+                )
+        by_reason: dict[str, list[int]] = {}  # one line for the clients that failed alike
         for nid, why in failed.items():
-            log.warning(
-                "round %d: client %s (partition %s) failed: %s", r, nid, self.sizes[nid][0], why
-            )
+            by_reason.setdefault(why, []).append(nid)
+        for why, nids in by_reason.items():
+            if len(nids) == 1:
+                nid = nids[0]
+                log.warning(
+                    "round %d: client %s (partition %s) failed: %s", r, nid, self.sizes[nid][0], why
+                )
+            else:
+                parts = ", ".join(str(p) for p in sorted(self.sizes[n][0] for n in nids))
+                log.warning(
+                    "round %d: %d clients (partitions %s) failed: %s", r, len(nids), parts, why
+                )
         if failed and self.cfg.on_failure == "stop":
             nid, why = next(iter(failed.items()))
-            raise FedHMCError(
+            raise RunFailed(
                 f"round {r}: client {nid} failed ({why}); "
                 "use --on-failure renormalize to continue without it"
             )
@@ -275,7 +291,7 @@ class RoundServer:
         if failed:  # the first failure's reason: often every client's
             nid, why = next(iter(failed.items()))
             first = f" (client {nid}, partition {self.sizes[nid][0]}: {why})"
-        raise FedHMCError(
+        raise RunFailed(
             f"round {r}: no valid client reply in {self.failed_rounds} rounds{first}; "
             "see the log for each client's failure"
         )
@@ -308,9 +324,7 @@ class RoundServer:
     def load_state_dict(self, saved: dict) -> None:
         from fedhmc.runtime import checkpoint
 
-        self.state = checkpoint.state_from_dict(
-            saved.get("state"), type(self.state), self.device, settings=self.settings
-        )
+        self.state = checkpoint.state_from_dict(saved.get("state"), type(self.state), self.device)
         self.failed_rounds = int(saved.get("failed_rounds", 0))
 
     def summary(self) -> dict:

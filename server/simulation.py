@@ -16,9 +16,10 @@ import threading
 import warnings
 
 from fedhmc.algorithms import registry
+from fedhmc.errors import FedHMCError, RunFailed, RunInterrupted, first_line
 from fedhmc.runtime.backends import prepare
 from fedhmc.runtime.config import MODELS, RunConfig
-from fedhmc.runtime.engine import RunResult
+from fedhmc.runtime.loop import RunResult
 
 
 def flower_environment(home: str | None = None) -> None:
@@ -67,7 +68,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
 
     result: dict = {}
     server = make_server_app(cfg, result, on_round)
-    from fedhmc.runtime.engine import StopRequest
+    from fedhmc.runtime.loop import StopRequest
 
     StopRequest.signum = None
     on_signal = _stop_on_signal(progress)
@@ -81,7 +82,7 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
     # client_resources).
     colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
-    logging.getLogger("flwr").setLevel(logging.ERROR)
+    from fedhmc_server.flower_log import FlowerOutput
     from fedhmc_server.reaper import start_reaper
 
     reaper = start_reaper()  # Ray's processes end with this one, even under kill -9
@@ -89,17 +90,43 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
     def simulate() -> None:
         _simulate(run_simulation, server, client, cfg, colocated)
 
+    output, stopped = FlowerOutput(), None  # Flower's and Ray's account: to flower.log
     try:
-        if old_handlers:
-            _run_keeping_handlers(simulate, old_handlers, on_signal)
-        else:
-            simulate()
+        with output:
+            if old_handlers:
+                _run_keeping_handlers(simulate, old_handlers, on_signal)
+            else:
+                simulate()
+    except Exception as e:  # Flower's runtime failed; the run's own error is in `result`
+        stopped = e
     finally:
         _clean_up(old_handlers, reaper)
-    if "error" in result:
-        raise result["error"]
+    return _outcome(result, output.write(cfg.out), stopped)
+
+
+def _outcome(result: dict, flower_log, stopped: Exception | None) -> RunResult:
+    """The run's result, or its error on one line naming ``flower_log`` (where Flower's
+    own account of the failure went) when one was written; ``stopped``: what Flower's
+    runtime raised, if it did."""
+    where = f"; Flower's log is in {flower_log}" if flower_log else ""
+    error = result.get("error")
+    named = isinstance(error, FedHMCError) and not isinstance(error, RunInterrupted)
+    if named and error.args and where:
+        error.args = (f"{error.args[0]}{where}", *error.args[1:])
+    if error is not None:
+        raise error
     if "result" not in result:
-        raise RuntimeError("the Flower simulation ended without a result; see its log")
+        cause = first_line(stopped) if stopped is not None else "no reason given"
+        raise RunFailed(
+            f"Flower's simulation stopped before the run ended ({cause}){where}"
+        ) from stopped
+    log = logging.getLogger("fedhmc.server")
+    if stopped is not None:  # after the run's end: its files are complete
+        log.warning(
+            "Flower's simulation failed after the run ended (%s)%s", first_line(stopped), where
+        )
+    elif flower_log:  # a run that went on despite failures, which Flower logged
+        log.warning("Flower's log is in %s", flower_log)
     return result["result"]
 
 
@@ -110,7 +137,7 @@ def _checked_before_start(cfg: RunConfig) -> RunConfig:
     cfg = prepare(cfg)
     cfg.to_run_config()  # one line, before start-up, if the apps could not rebuild the run
     if cfg.resume:  # the checkpoint's checks too, before Ray starts (they take seconds)
-        from fedhmc.runtime.engine import prepare_out
+        from fedhmc.runtime.loop import prepare_out
 
         prepare_out(cfg)
     if cfg.model not in MODELS:
@@ -128,7 +155,7 @@ def _checked_before_start(cfg: RunConfig) -> RunConfig:
 def _stop_on_signal(progress: bool):
     """The SIGINT/SIGTERM handler: the first signal stops the run after this round (said
     on stderr when ``progress``), a second one at once (`_hard_stop`)."""
-    from fedhmc.runtime.engine import StopRequest, request_stop
+    from fedhmc.runtime.loop import StopRequest, request_stop
 
     def on_signal(signum, frame):
         if StopRequest.signum is not None:  # a second signal: stop at once
@@ -171,7 +198,7 @@ def _run_keeping_handlers(simulate, old_handlers: dict, on_signal) -> None:
 def _clean_up(old_handlers: dict, reaper) -> None:
     """After the run: the old signal handlers back, no stop pending, and the reaper (Ray's
     watchdog) ended."""
-    from fedhmc.runtime.engine import StopRequest
+    from fedhmc.runtime.loop import StopRequest
 
     for sig, handler in old_handlers.items():
         signal.signal(sig, handler)

@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from dataclasses import dataclass, field
-from typing import ClassVar
+from dataclasses import dataclass
+from typing import ClassVar, field
 
 import torch
 
@@ -184,12 +184,6 @@ class AsyncChain:
         return sum(self.dropped_staleness.values())
 
 
-def _timestamp_of_saved_step(t: int, settings=None) -> dict:
-    """An earlier version's saved ``step``: the timestamp t. Its ``step`` calls that dropped
-    a gradient left no trace, so ``round`` is read as the t calls that applied one."""
-    return {"timestamp": t, "round": t}
-
-
 @dataclass(frozen=True)
 class State:
     """One asynchronous chain: position θ (D,), momentum q (D,), the ``step`` calls so far
@@ -201,9 +195,6 @@ class State:
     round: int = 0
     timestamp: int = 0
     chain: int = 0
-
-    RENAMED: ClassVar[dict] = {"step": _timestamp_of_saved_step}
-    """Checkpoints of earlier versions saved the timestamp as ``step``."""
 
 
 @dataclass(frozen=True)

@@ -38,6 +38,7 @@ from fedhmc.algorithms.fahmc import (
     skip,
 )
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_ANCHOR
 
 __all__ = [
     "Broadcast",
@@ -78,7 +79,7 @@ class Settings(fahmc.Settings):
 def anchor_keys(client_seeds: torch.Tensor, round_: int, chains: torch.Tensor) -> torch.Tensor:
     """Keys (S, M) of the clients' gradients at the position sent in round ``round_``."""
     private = rng.derive(client_seeds.view(1, -1), round_, chains.view(-1, 1))
-    return rng.derive(private, rng.STREAM_ANCHOR)
+    return rng.derive(private, STREAM_ANCHOR)
 
 
 def anchor_gradient(

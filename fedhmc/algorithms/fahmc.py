@@ -47,10 +47,11 @@ from fedhmc.algorithms.federated import (
     round_clients,
     round_seed,
 )
-from fedhmc.core import SYNC_UNITS, gradients, participation, rng
+from fedhmc.core import PARTICIPATION_SCHEMES, SYNC_UNITS, gradients, participation, rng
 from fedhmc.core.aggregate import combine, weighted_average
 from fedhmc.core.integrators import leapfrog
 from fedhmc.core.momentum import draw_momentum
+from fedhmc.core.streams import STREAM_MINIBATCH, STREAM_MOMENTUM, STREAM_RESHUFFLE
 
 PROTOCOLS = ("algorithm3", "authors")
 """The ``--protocol`` values FA-HMC runs under: the paper's Algorithm 3 and what the authors'
@@ -134,7 +135,7 @@ class Settings(api.Settings):
         None, "S, the clients drawn each round by `--participation`'s scheme", low=1
     )
     participation: str = api.option(
-        "normalized", "how the S clients are drawn and weighted", choices=participation.SCHEMES
+        "normalized", "how the S clients are drawn and weighted", choices=PARTICIPATION_SCHEMES
     )
 
     def check(self) -> str | None:
@@ -224,9 +225,9 @@ def _refusal(s: Settings) -> str | None:
         return "--restart-trajectories needs --sync-unit leapfrog"
     if not (s.clients_per_round is None or _whole(s.clients_per_round, 1)):
         return f"--clients-per-round must be an integer ≥ 1, got {s.clients_per_round}"
-    if s.participation not in participation.SCHEMES:
+    if s.participation not in PARTICIPATION_SCHEMES:
         return (
-            f"--participation must be one of {', '.join(participation.SCHEMES)}, got "
+            f"--participation must be one of {', '.join(PARTICIPATION_SCHEMES)}, got "
             f"{s.participation!r}"
         )
     if s.local_steps * max(s.leapfrog_steps + 1, 2 * s.leapfrog_steps) >= 1 << 29:
@@ -267,7 +268,113 @@ def round_keys(
 def data_keys(client_seeds: torch.Tensor, chains: torch.Tensor) -> torch.Tensor:
     """Keys (S, N) of the random-reshuffling minibatches: one per chain and client for the
     whole run (the permutation of a pass does not depend on the round)."""
-    return rng.derive(client_seeds.view(1, -1), rng.STREAM_RESHUFFLE, chains.view(-1, 1))
+    return rng.derive(client_seeds.view(1, -1), STREAM_RESHUFFLE, chains.view(-1, 1))
+
+
+@dataclass(frozen=True)
+class RoundStart:
+    """What one round of local iterations starts from besides the positions and the keys
+    (`local_iterations`).
+
+    Attributes
+    ----------
+    round
+        The round number (1-based): with ``sync_unit="leapfrog"`` it places the round on
+        the global leapfrog counter; with random-reshuffling minibatches, on the run's
+        minibatch counter.
+    correction
+        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a), (S, N, D), added to every
+        gradient; None for plain FA-HMC.
+    momentum
+        The averaged momentum to continue from, (S, N, D) or (S, 1, D), when the round
+        starts in the middle of a trajectory (``Settings.starts_mid_trajectory``).
+    origin
+        Under ``restart``: the outer iteration's origin X₀, (S, N, D) or (S, 1, D).
+    reshuffle_keys
+        ``data_keys`` of the clients, when the target draws random-reshuffling
+        minibatches.
+    first_minibatch
+        With random reshuffling: the run's minibatch number of the round's first
+        evaluation as a 0-d int64 tensor on the device (a CUDA graph's input, so that a
+        replay draws the next round's minibatches); None: ``settings.evals_before(round)``.
+    """
+
+    round: int = 1
+    correction: torch.Tensor | None = None
+    momentum: torch.Tensor | None = None
+    origin: torch.Tensor | None = None
+    reshuffle_keys: torch.Tensor | None = None
+    first_minibatch: torch.Tensor | None = None
+
+
+class _RoundOracle:
+    """The gradient oracle of one round of local iterations: the minibatches (planned ahead,
+    or random reshuffling's), the control variate, injected noise and temperature; it keeps
+    the energy of the round's last evaluation (``last_energy``, (S, N))."""
+
+    def __init__(self, target, private_keys, settings: Settings, start: RoundStart, theta):
+        S, N, _ = theta.shape
+        self.target, self.settings, self.correction = target, settings, start.correction
+        self.keys_noise = gradients.noise_keys(private_keys)
+        if getattr(target, "minibatch", "uniform") == "reshuffle":
+            if start.reshuffle_keys is None:
+                raise ValueError("a random-reshuffling target needs reshuffle_keys (data_keys)")
+            first = start.first_minibatch
+            self.offset = settings.evals_before(start.round) if first is None else first
+            self.keys_batch, self.plan = start.reshuffle_keys, False
+        else:
+            self.keys_batch = rng.derive(private_keys, STREAM_MINIBATCH)
+            self.offset, self.plan = 0, True
+        self.reshuffled = start.reshuffle_keys is not None
+        self.total = settings.evals_in_round(start.round)
+        self.last_energy = torch.zeros(S, N, dtype=theta.dtype, device=theta.device)
+
+    def stretch(self, seg: Segment, dh: torch.Tensor):
+        """The ``grad_fn(θ, k)`` of stretch ``seg``, its minibatches fetched: it adds each
+        end's signed |g|² (`energy_error_sign`) to ``dh`` (S, N)."""
+        target, settings = self.target, self.settings
+        base, fresh, steps = seg.first_eval, settings.fresh_gradients, seg.steps
+        seg_evals = 2 * steps if fresh else steps + 1
+        if self.plan:
+            target.prefetch(self.keys_batch, base, seg_evals, horizon=self.total - base)
+        elif self.reshuffled and not target.full_batch:
+            # the permutations of the passes the stretch visits
+            target.reshuffle_window(self.keys_batch, self.offset + base, seg_evals)
+        sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
+
+        def grad_fn(th: torch.Tensor, k: int) -> torch.Tensor:
+            # The energy is only needed once a round, to stop a diverging chain.
+            need_energy = base + k == self.total - 1
+            g, energy = target.grad(th, self.keys_batch, self.offset + base + k, need_energy)
+            g = gradients.corrected(g, self.correction, inplace=True)
+            g = gradients.add_noise(g, self.keys_noise, base + k, sigma, inplace=True)
+            g = gradients.tempered(g, settings.temperature, inplace=True)
+            if need_energy:
+                self.last_energy.copy_(energy * inv_temp)
+            sign = energy_error_sign(k, steps, fresh)
+            if sign:
+                dh.add_(g.square().sum(-1, dtype=torch.float64), alpha=sign)
+            return g
+
+        return grad_fn
+
+
+def _stretch_start(seg: Segment, theta, p, draw, settings: Settings, start: RoundStart):
+    """(θ, p) at the start of stretch ``seg``: a new trajectory draws its momentum
+    (``draw(counter, D, dtype)``) and, under ``restart``, starts from the origin X₀; a
+    stretch that continues one keeps ``p``."""
+    S, N, D = theta.shape
+    if seg.new_trajectory:
+        if settings.restart_trajectories:
+            if start.origin is None:
+                raise ValueError("restart needs the outer iteration's origin")
+            theta = start.origin.expand(S, N, D)
+        return theta, draw(seg.momentum_counter, D, theta.dtype)
+    if p is None:
+        raise ValueError(
+            f"round {start.round} starts in the middle of a trajectory: pass the momentum"
+        )
+    return theta, p
 
 
 def local_iterations(
@@ -276,13 +383,7 @@ def local_iterations(
     shared_keys: torch.Tensor,
     private_keys: torch.Tensor,
     settings: Settings,
-    correction: torch.Tensor | None = None,
-    *,
-    round_: int = 1,
-    momentum: torch.Tensor | None = None,
-    origin: torch.Tensor | None = None,
-    reshuffle_keys: torch.Tensor | None = None,
-    first_minibatch: torch.Tensor | None = None,
+    start: RoundStart | None = None,
 ) -> ClientUpdate:
     """Run one round of local FA-HMC on every (chain, client) at once.
 
@@ -296,99 +397,41 @@ def local_iterations(
         From ``round_keys``: (S,) and (S, N).
     settings
         η, K, T, ρ, σ_g, τ and the protocol (sync unit, fresh gradients, restart).
-    correction
-        Debiased FA-HMC's control variate ∇f(θ_a) − ∇f^(c)(θ_a), (S, N, D), added to every
-        gradient; None for plain FA-HMC.
-    round_
-        The round number (1-based): with ``sync_unit="leapfrog"`` it places the round on
-        the global leapfrog counter; with random-reshuffling minibatches, on the run's
-        minibatch counter.
-    momentum
-        The averaged momentum to continue from, (S, N, D) or (S, 1, D), when the round
-        starts in the middle of a trajectory (``Settings.starts_mid_trajectory``).
-    origin
-        Under ``restart``: the outer iteration's origin X₀, (S, N, D) or (S, 1, D).
-    reshuffle_keys
-        ``data_keys`` of the clients, when the target draws random-reshuffling
-        minibatches.
-    first_minibatch
-        With random reshuffling: the run's minibatch number of the round's first
-        evaluation as a 0-d int64 tensor on the device (a CUDA graph's input, so that a
-        replay draws the next round's minibatches); default ``settings.evals_before(round_)``.
+    start
+        The round's number and what it carries (`RoundStart`); None: round 1 of plain
+        FA-HMC, uniform minibatches.
 
     Returns
     -------
     ClientUpdate
         End positions (S, N, D), with the end momenta under ``sync_unit="leapfrog"``.
     """
+    start = RoundStart() if start is None else start
     S, N, D = theta.shape
     eta = settings.step_size
-    keys_mom = rng.derive(private_keys, rng.STREAM_MOMENTUM)
-    keys_noise = gradients.noise_keys(private_keys)
-    if getattr(target, "minibatch", "uniform") == "reshuffle":
-        if reshuffle_keys is None:
-            raise ValueError("a random-reshuffling target needs reshuffle_keys (data_keys)")
-        offset = settings.evals_before(round_) if first_minibatch is None else first_minibatch
-        keys_batch, plan = reshuffle_keys, False
-    else:
-        keys_batch, offset, plan = rng.derive(private_keys, rng.STREAM_MINIBATCH), 0, True
-    sigma, inv_temp = settings.grad_noise, 1.0 / settings.temperature
-    last_energy = torch.zeros(S, N, dtype=theta.dtype, device=theta.device)
+    keys_mom = rng.derive(private_keys, STREAM_MOMENTUM)
+    oracle = _RoundOracle(target, private_keys, settings, start, theta)
     abs_dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
     trajectories = 0.0
-    fresh = settings.fresh_gradients
-    total = settings.evals_in_round(round_)
-    p = None if momentum is None else momentum.expand(S, N, D)
-    for seg in settings.segments(round_):
-        if seg.new_trajectory:
-            if settings.restart_trajectories:
-                if origin is None:
-                    raise ValueError("restart needs the outer iteration's origin")
-                theta = origin.expand(S, N, D)
-            p = draw_momentum(
-                shared_keys,
-                keys_mom,
-                target.weights,
-                settings.rho,
-                seg.momentum_counter,
-                D,
-                theta.dtype,
-            )
-        elif p is None:
-            raise ValueError(
-                f"round {round_} starts in the middle of a trajectory: pass the momentum"
-            )
-        base = seg.first_eval
-        seg_evals = 2 * seg.steps if fresh else seg.steps + 1
-        if plan:
-            target.prefetch(keys_batch, base, seg_evals, horizon=total - base)
-        elif reshuffle_keys is not None and not target.full_batch:
-            # the permutations of the passes the stretch visits
-            target.reshuffle_window(keys_batch, offset + base, seg_evals)
+
+    def draw(counter: int, dim: int, dtype: torch.dtype) -> torch.Tensor:
+        return draw_momentum(
+            shared_keys, keys_mom, target.weights, settings.rho, counter, dim, dtype
+        )
+
+    p = None if start.momentum is None else start.momentum.expand(S, N, D)
+    for seg in settings.segments(start.round):
+        theta, p = _stretch_start(seg, theta, p, draw, settings, start)
         dh = torch.zeros(S, N, dtype=torch.float64, device=theta.device)
-
-        def grad_fn(th: torch.Tensor, k: int, base=base, steps=seg.steps, dh=dh) -> torch.Tensor:
-            # The energy is only needed once a round, to stop a diverging chain.
-            need_energy = base + k == total - 1
-            g, energy = target.grad(th, keys_batch, offset + base + k, need_energy)
-            g = gradients.corrected(g, correction, inplace=True)
-            g = gradients.add_noise(g, keys_noise, base + k, sigma, inplace=True)
-            g = gradients.tempered(g, settings.temperature, inplace=True)
-            if need_energy:
-                last_energy.copy_(energy * inv_temp)
-            sign = energy_error_sign(k, steps, fresh)
-            if sign:
-                dh.add_(g.square().sum(-1, dtype=torch.float64), alpha=sign)
-            return g
-
-        theta, p, _ = leapfrog(grad_fn, theta, p, eta, seg.steps, fresh=fresh)
+        grad_fn = oracle.stretch(seg, dh)
+        theta, p, _ = leapfrog(grad_fn, theta, p, eta, seg.steps, fresh=settings.fresh_gradients)
         abs_dh.add_(dh.abs_(), alpha=eta * eta / 8.0)
         trajectories += seg.steps / settings.leapfrog_steps
     return ClientUpdate(
         position=theta,
-        energy=last_energy,
+        energy=oracle.last_energy,
         energy_error=abs_dh / max(trajectories, 1e-300),
-        grad_evals=total * S * N,
+        grad_evals=oracle.total * S * N,
         momentum=p if settings.leapfrog_sync else None,
     )
 
@@ -600,6 +643,45 @@ def layout(settings: Settings, round_: int) -> Layout:
     return Layout(tuple(down), tuple(up))
 
 
+def _round_inputs(message: Broadcast, target, settings: Settings, seeds, correction) -> tuple:
+    """The tensors the clients' round computes from, in `client_update`'s order (a CUDA
+    graph's inputs): θ̄ (S, D), the shared and private keys, the control variate, the
+    carried momentum and origin (S, 1, D), the random-reshuffling keys and the round's first
+    minibatch number (a tensor only where the round is replayed from a CUDA graph)."""
+    theta_bar = message.position
+    seeds = seeds.to(theta_bar.device)
+    chains = torch.arange(theta_bar.shape[0], device=theta_bar.device)
+    shared, private = round_keys(message.round_seed, seeds, message.round, chains)
+    reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
+    momentum = None if message.momentum is None else message.momentum.unsqueeze(1)
+    origin = None if message.origin is None else message.origin.unsqueeze(1)
+    reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
+    first_minibatch = None
+    if reshuffle and getattr(target, "graphs", None) is not None:
+        # The round's place on the minibatch counter is a graph's input (a fill, not a
+        # blocking copy).
+        first = settings.evals_before(message.round)
+        first_minibatch = torch.full((), first, dtype=torch.int64, device=theta_bar.device)
+    return theta_bar, shared, private, correction, momentum, origin, reshuffle_keys, first_minibatch
+
+
+def _round_kind(target, settings: Settings, round_: int, shape: tuple, inputs: tuple):
+    """The key of round ``round_``'s CUDA graph (`fedhmc.core.graphs`) where ``target``
+    replays its rounds from them, else None.
+
+    Every round of a kind runs the same kernels on new inputs. The graph's round number and
+    the closure's other values are the same in every round of the kind the key names: under
+    ``sync_unit="leapfrog"`` the kind includes the round's stretches (where trajectories
+    start and end in it), which repeat with a period of lcm(T, K) / T rounds.
+    Random-reshuffling minibatches count across the run: the round's first minibatch number
+    is an input."""
+    if getattr(target, "graphs", None) is None:
+        return None
+    stretches = tuple(settings.segments(round_)) if settings.leapfrog_sync else None
+    nones = tuple(x is None for x in inputs)
+    return (target, settings, *shape, inputs[0].dtype, nones, stretches)
+
+
 def client_update(
     message: Broadcast,
     target,
@@ -630,63 +712,23 @@ def client_update(
     ClientUpdate
         Positions (S, M, D); client c's slice is what it computes alone.
     """
-    theta_bar = message.position
-    S, D = theta_bar.shape
+    S, D = message.position.shape
     M = int(seeds.shape[0])
     if target.num_clients != M:
         raise ValueError(
             f"client_update got {M} client seeds for a target of {target.num_clients} clients"
         )
-    seeds = seeds.to(theta_bar.device)
-    chains = torch.arange(S, device=theta_bar.device)
-    shared, private = round_keys(message.round_seed, seeds, message.round, chains)
-    reshuffle = getattr(target, "minibatch", "uniform") == "reshuffle"
-    momentum = None if message.momentum is None else message.momentum.unsqueeze(1)
-    origin = None if message.origin is None else message.origin.unsqueeze(1)
-    graphs = getattr(target, "graphs", None)
-    reshuffle_keys = data_keys(seeds, chains) if reshuffle else None
-    first_minibatch = None
-    if reshuffle and graphs is not None:  # the round's place on the minibatch counter: an input
-        first = settings.evals_before(message.round)  # (a fill, not a blocking copy)
-        first_minibatch = torch.full((), first, dtype=torch.int64, device=theta_bar.device)
+    inputs = _round_inputs(message, target, settings, seeds, correction)
 
     def round_fn(theta_bar, shared, private, correction, momentum, origin, keys, first):
-        u = local_iterations(
-            target,
-            theta_bar.unsqueeze(1).expand(S, M, D),
-            shared,
-            private,
-            settings,
-            correction,
-            round_=message.round,
-            momentum=momentum,
-            origin=origin,
-            reshuffle_keys=keys,
-            first_minibatch=first,
-        )
+        start = RoundStart(message.round, correction, momentum, origin, keys, first)
+        theta = theta_bar.unsqueeze(1).expand(S, M, D)
+        u = local_iterations(target, theta, shared, private, settings, start)
         return u.position, u.energy, u.energy_error, u.momentum
 
-    inputs = (
-        theta_bar,
-        shared,
-        private,
-        correction,
-        momentum,
-        origin,
-        reshuffle_keys,
-        first_minibatch,
-    )
-    if graphs is not None:
-        # Every round of a kind runs the same kernels on new inputs: replayed from a CUDA
-        # graph (fedhmc.core.graphs). Its number and the closure's other values are the
-        # same in every round of the kind the key names: under sync_unit="leapfrog" the
-        # kind includes the round's stretches (where trajectories start and end in it),
-        # which repeat with a period of lcm(T, K) / T rounds. Random-reshuffling
-        # minibatches count across the run: the round's first minibatch number is an input.
-        kind = tuple(settings.segments(message.round)) if settings.leapfrog_sync else None
-        nones = tuple(x is None for x in inputs)
-        key = (target, settings, S, M, D, theta_bar.dtype, nones, kind)
-        position, energy, energy_error, p = graphs(key, round_fn, inputs)
+    kind = _round_kind(target, settings, message.round, (S, M, D), inputs)
+    if kind is not None:
+        position, energy, energy_error, p = target.graphs(kind, round_fn, inputs)
     else:
         position, energy, energy_error, p = round_fn(*inputs)
     return ClientUpdate(
@@ -772,6 +814,7 @@ __all__ = [
     "Layout",
     "MESSAGE",
     "REPLY",
+    "RoundStart",
     "Segment",
     "Settings",
     "State",

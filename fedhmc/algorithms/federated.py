@@ -41,6 +41,7 @@ from types import ModuleType
 import torch
 
 from fedhmc.core import rng
+from fedhmc.core.streams import STREAM_CLIENT, STREAM_ROUND
 
 __all__ = [
     "Coefficients",
@@ -134,12 +135,12 @@ def replied_clients(message, num_clients: int, replied) -> torch.Tensor:
 def round_seed(seed: int, round_: int) -> int:
     """The seed the server broadcasts in round ``round_`` of run ``seed`` (the shared
     momentum's)."""
-    return rng.derive_int(seed, rng.STREAM_ROUND, round_)
+    return rng.derive_int(seed, STREAM_ROUND, round_)
 
 
 def client_seed(seed: int, client: int) -> int:
     """Client ``client``'s private seed in run ``seed`` (never sent over the network)."""
-    return rng.derive_int(seed, rng.STREAM_CLIENT, client)
+    return rng.derive_int(seed, STREAM_CLIENT, client)
 
 
 def client_seeds(seed: int, clients, device=None) -> torch.Tensor:

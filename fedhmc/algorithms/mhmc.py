@@ -18,13 +18,17 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import ClassVar
 
 import torch
 
 from fedhmc.analysis.diagnostics import convergence_summary, ess, split_rhat
 from fedhmc.core import rng
-from fedhmc.core.streams import STREAM_MHMC_ACCEPT, STREAM_MHMC_JITTER, STREAM_MHMC_MOMENTUM
+from fedhmc.core.streams import (
+    STREAM_CHAIN,
+    STREAM_MHMC_ACCEPT,
+    STREAM_MHMC_JITTER,
+    STREAM_MHMC_MOMENTUM,
+)
 from fedhmc.errors import ConfigError
 
 __all__ = [
@@ -130,7 +134,7 @@ def _mhmc_chains(energy_grad, theta0, seed: int, counts: tuple, K: int, step_siz
     theta = theta0.clone()
     S, D = theta.shape
     dtype, device = theta.dtype, theta.device
-    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=device))
+    keys = rng.derive(seed, STREAM_CHAIN, torch.arange(S, device=device))
     k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
     k_jit = rng.derive(keys, STREAM_MHMC_JITTER)
     U, g = energy_grad(theta)
@@ -238,9 +242,6 @@ class State:
     grad: torch.Tensor | None = None
     round: int = 0
 
-    RENAMED: ClassVar[dict] = {"step": "round"}
-    """Checkpoints of earlier versions saved ``round`` as ``step``."""
-
 
 @dataclass(frozen=True)
 class Info:
@@ -286,7 +287,7 @@ def step(seed: int, state: State, target, settings: Settings) -> tuple[State, In
     if U is None or g is None:
         U, g = energy_grad(state.position)
     S = state.position.shape[0]
-    keys = rng.derive(seed, rng.STREAM_CHAIN, torch.arange(S, device=state.position.device))
+    keys = rng.derive(seed, STREAM_CHAIN, torch.arange(S, device=state.position.device))
     k_mom, k_acc = rng.derive(keys, STREAM_MHMC_MOMENTUM), rng.derive(keys, STREAM_MHMC_ACCEPT)
     e = torch.as_tensor(
         settings.step_size, dtype=state.position.dtype, device=state.position.device

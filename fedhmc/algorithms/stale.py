@@ -32,8 +32,12 @@ import torch
 
 from fedhmc.algorithms import api
 from fedhmc.core import gradients, rng
-from fedhmc.core.streams import STREAM_STALE_BATCH, STREAM_STALE_DELAY, STREAM_STALE_NOISE
-from fedhmc.errors import ConfigError
+from fedhmc.core.streams import (
+    STREAM_CHAIN,
+    STREAM_STALE_BATCH,
+    STREAM_STALE_DELAY,
+    STREAM_STALE_NOISE,
+)
 
 METHODS = ("sghmc", "sgld")
 STALENESS_LAWS = ("fixed", "uniform")
@@ -117,23 +121,6 @@ class Settings(api.Settings):
         return euler_defaults(self, step_size)
 
 
-def _round_of_euler_steps(euler_steps: int, settings: Settings | None) -> dict:
-    """An earlier version's saved ``step`` (the Euler steps taken, l) as ``round`` (the
-    ``step`` calls, ``settings.local_steps`` Euler steps each): what ``State.RENAMED`` reads."""
-    if settings is None:
-        raise ConfigError(
-            "cannot resume: the checkpoint counts SGHMC / SGLD steps, and reading them as "
-            "rounds needs the run's settings"
-        )
-    rounds, rest = divmod(int(euler_steps), int(settings.local_steps))
-    if rest:
-        raise ConfigError(
-            f"cannot resume: the checkpoint's {euler_steps} SGHMC / SGLD steps are not whole "
-            f"rounds of {settings.local_steps} steps; start the run again with --overwrite"
-        )
-    return {"round": rounds}
-
-
 @dataclass(frozen=True)
 class State:
     """Chains between calls to ``step``."""
@@ -147,9 +134,6 @@ class State:
     round: int = 0
     """The number of ``step`` calls so far: the chains have taken l = round × T Euler steps
     (T = ``settings.local_steps``)."""
-
-    RENAMED: ClassVar[dict] = {"step": _round_of_euler_steps}
-    """Checkpoints of earlier versions saved l, the Euler steps taken, as ``step``."""
 
 
 @dataclass(frozen=True)
@@ -187,7 +171,7 @@ def chain_keys(seed: int, chains: int | torch.Tensor, device=None) -> torch.Tens
         idx = torch.arange(chains, device=device)
     else:
         idx = chains if device is None else chains.to(device)
-    return rng.derive(seed, rng.STREAM_CHAIN, idx)
+    return rng.derive(seed, STREAM_CHAIN, idx)
 
 
 def delays(keys: torch.Tensor, step: int, settings: Settings) -> torch.Tensor:

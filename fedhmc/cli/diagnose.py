@@ -30,6 +30,7 @@ def load_draws(run: Path) -> np.ndarray:
         return load_samples(run)
     from fedhmc.runtime import checkpoint
 
+    checkpoint.peek(run)  # a checkpoint of another fedhmc: refused, in one line
     try:
         state, _ = checkpoint.load(run)
     except ConfigError:
@@ -76,7 +77,7 @@ def _rounds_for(run: Path, draws: int) -> int | None:
     (None when its config.json cannot say)."""
     try:
         from fedhmc.runtime.config import RunConfig
-        from fedhmc.runtime.engine import is_collect_round
+        from fedhmc.runtime.loop import is_collect_round
 
         cfg = RunConfig.from_mapping(loads_json((run / "config.json").read_text()))
         kept = 0

@@ -75,7 +75,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     from fedhmc_datasets.memory import is_out_of_memory
 
     from fedhmc.core.progress import set_quiet
-    from fedhmc.runtime.backends import run_config
+    from fedhmc.runner import run_config
 
     set_quiet(args.quiet)
 

@@ -109,7 +109,14 @@ def cmd_sweep(args: argparse.Namespace) -> int:
     threads = parse_threads(args.threads)
     set_quiet(args.quiet)
     rows = run_sweep(
-        out, grid, base, workers=args.workers, progress=not args.quiet, log=log, threads=threads
+        out,
+        grid,
+        base,
+        workers=args.workers,
+        progress=not args.quiet,
+        log=log,
+        threads=threads,
+        given=[k.replace("-", "_") for k in cli_base],  # (--out, the sweep's, is gone)
     )
     bad = sorted({(r["cell"], r["status"]) for r in rows if r["status"] != "completed"})
     if not args.quiet:

@@ -6,8 +6,8 @@ and keeps float32 convolutions and matrix products in float32 (no TF32, which ro
 their inputs to 10 bits of mantissa). The CPU is deterministic without switches.
 
 torch sets TF32 through ``fp32_precision`` (``"ieee"``: no TF32) where it has that
-interface, and through the older ``allow_tf32`` flags otherwise; the two must not be
-mixed, so only one is used.
+interface, and through the ``allow_tf32`` flags in the supported torch versions that lack
+it; the two must not be mixed, so only one is used.
 """
 
 from __future__ import annotations

@@ -24,8 +24,6 @@ import torch
 from fedhmc.core import PARTICIPATION_SCHEMES, rng
 from fedhmc.core.streams import STREAM_PARTICIPATION
 
-SCHEMES = PARTICIPATION_SCHEMES
-
 
 @dataclass(frozen=True)
 class Draw:
@@ -43,8 +41,8 @@ def draw(seed: int, round_: int, weights: torch.Tensor, size: int, scheme: str) 
     The draw is made on the CPU (a few numbers, and the same bits on every device) and
     returned on the device of ``weights``.
     """
-    if scheme not in SCHEMES:
-        raise ValueError(f"participation scheme must be one of {', '.join(SCHEMES)}")
+    if scheme not in PARTICIPATION_SCHEMES:
+        raise ValueError(f"participation scheme must be one of {', '.join(PARTICIPATION_SCHEMES)}")
     device = weights.device if isinstance(weights, torch.Tensor) else torch.device("cpu")
     w = torch.as_tensor(weights, dtype=torch.float64, device="cpu")
     d = _draw_cpu(seed, round_, w, size, scheme)

@@ -16,7 +16,7 @@ of the two (SplitMix64's finaliser, applied twice), computed element-wise with i
 arithmetic (multiplication wraps modulo 2**64, which is exactly the unsigned arithmetic the
 hash needs). Keys are derived by the same hash, one component at a time. On the CPU the
 hash runs on NumPy's uint64 views of the same memory, in place and with native logical
-shifts (about 3× faster than the int64 tensor form; the bits are identical), and small key
+shifts (faster than the int64 tensor form; the bits are identical), and small key
 derivations run on Python integers.
 
 Counters are 64-bit: the high bits hold a caller-chosen index (the local iteration, the
@@ -30,18 +30,6 @@ import math
 
 import numpy as np
 import torch
-
-from fedhmc.core.streams import (  # noqa: F401 (rng.STREAM_* is the usual spelling)
-    STREAM_ANCHOR,
-    STREAM_CHAIN,
-    STREAM_CLIENT,
-    STREAM_GRAD_NOISE,
-    STREAM_INIT,
-    STREAM_MINIBATCH,
-    STREAM_MOMENTUM,
-    STREAM_RESHUFFLE,
-    STREAM_ROUND,
-)
 
 _MASK64 = (1 << 64) - 1
 _GOLDEN = 0x9E3779B97F4A7C15

@@ -26,9 +26,8 @@ CNN_BUDGETS = {
 def fmnist_cnn(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
     """LeNet-5 on Fashion-MNIST over 10 iid clients, K ∈ {1, 10} at T = 50.
 
-    Reduced (default): 5 rounds, minibatches of 32 per client (about 70 s on 2 CPU cores,
-    measured: 14 s for K = 1 and 54 s for K = 10, whose rounds take 550 gradient evaluations
-    of every client);
+    Reduced (default): 5 rounds, minibatches of 32 per client (about a minute on 2 CPU
+    cores; a round of K = 10 takes 550 gradient evaluations of every client);
     ``--full``: 200 rounds at the Fashion-MNIST preset's minibatch of 1000 (days on a CPU;
     meant for a GPU). Every cell writes the four metrics per round.
     """

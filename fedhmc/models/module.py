@@ -64,8 +64,8 @@ from fedhmc.core import rng
 from fedhmc.errors import ConfigError, ModelError
 from fedhmc.models import BATCHINGS
 
-# (describe_factory, format_model_args, load_factory, parse_model_args and spec_of are
-# re-exported: the run configuration and the benchmarks import them from here)
+# describe_factory, format_model_args, load_factory, parse_model_args and spec_of are
+# fedhmc.models.loading's; fedhmc.runtime.config still imports them from here.
 from fedhmc.models.loading import (
     BUILD_SEED,
     build_module,
@@ -91,27 +91,25 @@ from fedhmc.models.torch_private import (
 
 AUTO_LOOP_VALUES = 100_000
 """``auto`` evaluates a convolutional module row by row on a CPU from this many input values
-per row (minibatch × values per example): ``python -m benchmarks --only models`` measured
-LeNet-5 row by row 2.2–2.4× faster than batched at 1,000 Fashion-MNIST images per row
-(784,000 values), level at about 100 images, and 1.1–1.5× slower at 32 (grouped
-convolutions are slow on a CPU only when they are large)."""
+per row (minibatch × values per example): a CPU runs large grouped convolutions (the
+batched ones) slower than a loop of plain ones, and small ones faster. The performance page
+has the measurements (``python -m benchmarks --only models``)."""
 
 PREDICT_CHUNK = 2048
 """Examples per forward pass when predicting a test set (bounds the activations' memory)."""
 
 COMPILE_MAX_VALUES = 100_000
 """``compile`` compiles a module's gradient when a row's minibatch holds fewer input values
-than this (minibatch × values per example): ``python -m benchmarks --only models`` measured
-the compiled gradient of an MLP and a logistic regression 1.4–2.8× faster than the eager
-one at 32 Fashion-MNIST images or digits per row, and no faster (0.9–1.1×) at 1,000
-Fashion-MNIST images, where the matrix products dominate. The compiled strategy computes
-a call of more values per row (a full-batch anchor) eagerly, by this rule alone."""
+than this (minibatch × values per example): compilation removes per-operation overhead,
+which dominates small batches, while the matrix products of large batches cost the same
+either way (the performance page has the measurements). The compiled strategy computes a
+call of more values per row (a full-batch anchor) eagerly, by this rule alone."""
 
 GRADIENT_RTOL = {torch.float32: 1e-3, torch.float64: 1e-9}
 """How far, relative to the largest gradient component, a strategy's gradient of the
 check's batch may be from the plain one before the strategy is refused (``compile``: left
-for the eager gradient): its kernels sum in another order (measured 1e-7 in float32 for
-the compiled gradient), while a wrong computation is off by far more."""
+for the eager gradient): its kernels sum in another order (about 1e-7 in float32 for the
+compiled gradient), while a wrong computation is off by far more."""
 
 _MATMULS = frozenset(
     {torch.matmul, torch.mm, torch.Tensor.matmul, torch.Tensor.mm, torch.Tensor.__matmul__}
@@ -125,10 +123,9 @@ class ClassesFirstLinear(TorchFunctionMode):
 
     The same products, laid out the other way: the result is (B, C) with the C outputs
     first in memory, so that both the forward product and the reverse pass's ∂W = ∂yᵀ x are
-    "short × long" matrix products. A CPU's BLAS runs these 1.2–3× faster than the
-    "long × short" x Wᵀ and xᵀ ∂y that ``F.linear`` and its batched (``vmap``) reverse
-    pass make when C is small (``python -m benchmarks --only models``: a logistic
-    regression of Fashion-MNIST at 1,000 images per client, 2×); a following layer reads
+    "short × long" matrix products, which a CPU's BLAS runs faster than the "long × short"
+    x Wᵀ and xᵀ ∂y that ``F.linear`` and its batched (``vmap``) reverse pass make when C
+    is small (``python -m benchmarks --only models`` measures it); a following layer reads
     the transposed result as it is, and the loss takes its softmax along the classes where
     they lie (`_classes_axis`). The results differ from ``F.linear``'s by float rounding
     only (another order of the same sums). ``TorchModel`` runs its module under it unless
@@ -169,9 +166,8 @@ class CompiledRows:
     the gradient and the module's forward pass, with nothing left in Python), which
     inductor compiles (``compile_fx``; both through `fedhmc.models.torch_private`, whose
     fallback is ``torch.compile``). The compiled function is called directly: no Dynamo
-    frame and no guards, whose checks cost as much as the whole gradient of a small model
-    (about 15 µs of 50 for a logistic regression of digits at 32 images per row,
-    measured). What the guards would check is the key here: the inputs' shapes, strides,
+    frame and no guards, whose checks cost about as much as the whole gradient of a small
+    model. What the guards would check is the key here: the inputs' shapes, strides,
     dtypes and devices, torch's thread count and autocast. The module's buffers, frozen
     parameters and attributes are constants of the traced graph: a module must not change
     them (``TorchModel`` checks that its forward pass does not).
@@ -225,7 +221,7 @@ def _classes_axis(logits: torch.Tensor) -> tuple[torch.Tensor, int]:
     """``logits`` (..., B, C) as the tensor and axis to take the softmax along: themselves
     and −1, or, when their classes come first in memory (`ClassesFirstLinear`), their
     transpose (..., C, B) and −2, along which the softmax kernels run vectorised over the
-    examples (for C = 10 about 10× faster than over the 10 classes of each example)."""
+    examples (faster than along the few classes of each example)."""
     if logits.shape[-1] > 1 and logits.shape[-2] > 1 and logits.mT.is_contiguous():
         return logits.mT, -2
     return logits, -1
@@ -513,7 +509,7 @@ class TorchModel:
 
         One ``split`` rather than a slice per parameter: the reverse pass then concatenates
         the parameters' gradients once instead of filling a zeroed θ-sized gradient per
-        parameter (1.4–1.7× faster for an MLP at small batches, measured)."""
+        parameter."""
         lead = theta.shape[:-1]
         parts = torch.split(theta, self._sizes, dim=-1)
         return [p.reshape(*lead, *s) for p, s in zip(parts, self._shape_list, strict=True)]
@@ -619,13 +615,12 @@ class TorchModel:
         Under ``vmap``, one forward pass of every row (``vmap`` of the bound module), then
         one reverse pass: the rows are independent, so the gradient of their sum with
         respect to θ (M, D) is every row's own gradient (a vector-Jacobian product with
-        ones). Measured faster than ``vmap(grad)`` at small batches, where per-call
-        overhead dominates. Under ``loop``, a forward and a reverse pass of each row in
-        turn, as a loop over per-client modules would run them: one row's activations at a
-        time (``python -m benchmarks --only models``: LeNet-5 at 1,000 images per row,
-        0.77–0.83 of such a loop's speed with every row's forward pass first, 0.99–1.00
-        this way). Under ``compiled``, the compiled ``vmap`` of the gradient of one row's
-        loss (`CompiledRows`), below ``COMPILE_MAX_VALUES`` input values per row.
+        ones), which is faster than ``vmap(grad)`` at small batches, where per-call
+        overhead dominates. Under ``loop``, a forward and a reverse pass of each row in turn, as
+        a loop over per-client modules would run them: one row's activations at a time,
+        which keeps a large convolutional module as fast as such a loop. Under
+        ``compiled``, the compiled ``vmap`` of the gradient of one row's loss
+        (`CompiledRows`), below ``COMPILE_MAX_VALUES`` input values per row.
 
         Autograd records only the module: the loss's gradient with respect to the logits
         is computed here by the kernels autograd's reverse pass of ``log_softmax`` and

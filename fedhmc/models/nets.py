@@ -73,9 +73,8 @@ class LogisticRegression:
         need_value: bool = True,
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         # Classes-major layout: logitsᵀ = Wᵀ X̃ᵀ (M, C, B) and ∇ᵀ = Rᵀ X̃ (M, C, F+1). Both
-        # products then read X̃ row by row with a short (C-row) left operand, which runs
-        # 1.4–3.4× faster on CPU than X̃ W and X̃ᵀ R (measured by python -m benchmarks); the
-        # sums are the same up to float rounding order.
+        # products then read X̃ row by row with a short (C-row) left operand, which a CPU
+        # runs faster than X̃ W and X̃ᵀ R; the sums are the same up to float rounding order.
         # bmm rather than matmul, and a cached −1 for the one-hot: the same products with
         # fewer dispatches, which is most of the cost at small shapes.
         Wt = self._weights(theta).transpose(-1, -2).contiguous()  # (M, C, F+1)
@@ -110,7 +109,7 @@ class LogisticRegression:
         S, N, _ = theta.shape
         F1, C = self.num_features + 1, self.num_classes
         n = X.shape[1]
-        # Classes-major, as in loss_grad: (S·C)-row left operands read X once, 3–4× faster.
+        # Classes-major, as in loss_grad: (S·C)-row left operands read X once.
         Wt = theta.reshape(S, N, F1, C).permute(1, 0, 3, 2).reshape(N, S * C, F1)
         logits = torch.bmm(Wt, X.transpose(1, 2)).view(N, S, C, n)
         yy = y.view(N, 1, 1, n).expand(N, S, 1, n)

@@ -10,7 +10,7 @@ small inputs and fails when they differ.
   (``torch._C._functorch._vmap_increment_nesting``, ``_add_batch_dim``,
   ``_remove_batch_dim``, ``_vmap_decrement_nesting``; ``torch._functorch.vmap.
   lazy_load_decompositions``), without ``torch.func.vmap``'s per-call checks and
-  flattening of its arguments (about 50 µs, measured, as much as a small model's whole
+  flattening of its arguments (which cost about as much as a small model's whole
   gradient). The same batching rules: the same numbers bit for bit. Fallback:
   ``torch.func.vmap``.
 - **The parameters swapped in** (`BoundModule`): θ's parts put into the submodules'

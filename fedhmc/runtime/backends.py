@@ -1,26 +1,15 @@
-"""Where a run goes: the one place that sends a [`RunConfig`][fedhmc.runtime.config.RunConfig]
-to its backend (``--backend engine`` or ``flower``), and `prepare`, which every backend
-starts with.
-
-The backends are loaded here by name, when a run asks for one: the Flower backend lives in
-the Flower layer (``fedhmc_server``), above the runtime, so the runtime imports neither that
-layer nor flwr otherwise; and this module imports no backend, so that each of them can
-import `prepare` from here.
+"""What every backend starts a run with: `prepare`, which resolves a
+[`RunConfig`][fedhmc.runtime.config.RunConfig] (its defaults filled in) and fixes its output
+folder. The engine (`fedhmc.runtime.engine`) and the Flower server (``fedhmc_server``) both
+import it from here; `fedhmc.runner` sends a config to its backend.
 """
 
 from __future__ import annotations
 
-import importlib
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from fedhmc.runtime.config import RunConfig
-
-RUNNERS = {
-    "engine": ("fedhmc.runtime.engine", "run"),
-    "flower": ("fedhmc_server.simulation", "run_flower"),
-}
-"""Backend name → (module, function); each function takes ``(cfg, progress=...)``."""
 
 
 def prepare(cfg: RunConfig) -> RunConfig:
@@ -50,44 +39,3 @@ def saved_compile(out) -> bool | None:
 
     value = with_settings_added(saved)["compile"]
     return value if isinstance(value, bool) else None
-
-
-def run_config(
-    cfg: RunConfig,
-    problem=None,
-    progress: bool = True,
-    on_round=None,
-    threads: int | str | None = None,
-):
-    """Run ``cfg`` on its backend (``fedhmc.run``); returns the backend's
-    [`RunResult`][fedhmc.runtime.engine.RunResult].
-
-    ``threads`` (a number, ``"auto"`` or None) sets torch's intra-op threads: the engine
-    chooses for ``"auto"`` from the size of a gradient evaluation; other backends take a
-    number for the process they run in and leave ``"auto"`` to their workers.
-    ``on_round`` is called with each round's metrics row; ``problem``, a prebuilt problem,
-    is the engine's only (`fedhmc.runtime.engine.run`). torch's thread count is the
-    caller's again when the run returns (or raises).
-    """
-    from fedhmc.runtime.threads import threads_restored
-
-    with threads_restored():  # the caller's process keeps its own thread count
-        return _run_backend(cfg, problem, progress, on_round, threads)
-
-
-def _run_backend(cfg: RunConfig, problem, progress: bool, on_round, threads):
-    module, name = RUNNERS[cfg.backend]
-    fn = getattr(importlib.import_module(module), name)
-    if cfg.backend == "engine":
-        return fn(cfg, problem, progress=progress, on_round=on_round, threads=threads)
-    if problem is not None:
-        from fedhmc.errors import ConfigError
-
-        raise ConfigError(
-            f"a prebuilt problem runs on the engine only; drop it for --backend {cfg.backend}"
-        )
-    if isinstance(threads, int):
-        from fedhmc.runtime.threads import apply_threads
-
-        apply_threads(threads, 0)
-    return fn(cfg, progress=progress, on_round=on_round)

@@ -15,16 +15,16 @@ a run started on a GPU resumes on a CPU and the other way (`to_device` moves wha
 onto the run's device). ``--device`` is the one setting besides ``--rounds`` that a resume
 may change.
 
-A run's payload (format 4; `fedhmc.runtime.engine.run_loop` writes it) holds ``round``,
+A run's payload (format 4; `fedhmc.runtime.loop.run_loop` writes it) holds ``round``,
 ``config``, ``device``, ``grad_evals``, ``wall_s``, ``totals`` (the byte and client counts),
 ``keep_draws``, ``draws`` and ``samples`` (the collected θ̄, or None), ``evaluator`` (its
 running averages), ``backend``: the backend's own state (for the engine, the algorithm's
 State, θ̄ included), or None where the backend cannot be resumed, and ``metrics``: what
 ``metrics.csv`` held at that round (its columns, number of rows, and the length and SHA-256
 of its bytes), which a resume checks the file against
-([`check_metrics_file`][fedhmc.runtime.output.check_metrics_file]). A checkpoint of an
-earlier format is still read (``fedhmc export`` and the like), but a resume of it is refused
-in one line: it records no ``metrics``.
+([`check_metrics_file`][fedhmc.runtime.output.check_metrics_file]). A checkpoint of another
+format is refused in one line that names the fedhmc version that wrote it
+(`OtherFormat`).
 
 Nothing random needs saving: every random number fedhmc draws is a function of the run seed, the
 round and counters ([`fedhmc.core.rng`][fedhmc.core.rng]), so the state is the positions, the
@@ -46,11 +46,7 @@ from fedhmc import __version__
 from fedhmc.errors import ConfigError, loads_json
 
 FORMAT = 4
-"""The format `save` writes. 4: what ``metrics.csv`` held is recorded (``metrics``); 3: θ̄
-is saved once, in the backend's state (format 2 also saved it beside, as ``theta_bar``);
-2: the algorithm's state saved field by field (``state_dict``)."""
-READABLE = (2, 3, 4)
-"""The formats `load` and `peek` read."""
+"""The format `save` writes and the only one `load` and `peek` read."""
 NAME = "checkpoint.pt"
 PREVIOUS = "checkpoint.prev.pt"
 
@@ -152,11 +148,9 @@ def _header(line: bytes) -> dict:
         raise ValueError(
             f"its header is a JSON {type(header).__name__}, not the object fedhmc writes"
         )
-    if header.get("format") not in READABLE or isinstance(header.get("format"), bool):
-        reads = " and ".join(str(f) for f in READABLE)
-        raise ValueError(
-            f"format {header.get('format')!r}, written by another fedhmc; this one reads {reads}"
-        )
+    fmt, version = header.get("format"), header.get("version")
+    if type(fmt) is int and fmt != FORMAT and isinstance(version, str):
+        raise OtherFormat(fmt, version)  # whatever else its header holds
     for key, kind in HEADER_FIELDS.items():
         value = header.get(key)
         if not isinstance(value, kind) or isinstance(value, bool):
@@ -171,6 +165,24 @@ def _header(line: bytes) -> dict:
     return header
 
 
+class OtherFormat(ValueError):
+    """A checkpoint of another format than `FORMAT`: written by another fedhmc version,
+    which alone continues it."""
+
+    def __init__(self, format_: int, version: str):
+        self.format, self.version = format_, version
+        super().__init__(f"format {format_}, written by fedhmc {version[:40]}")
+
+    def refusal(self, run_dir) -> ConfigError:
+        """The one-line refusal of the run in ``run_dir``: what wrote its checkpoint, and
+        what to do."""
+        return ConfigError(
+            f"{run_dir}'s checkpoint was written by fedhmc {self.version[:40]} (checkpoint "
+            f"format {self.format}), and fedhmc {__version__} reads format {FORMAT} only; "
+            f"start the run again (--overwrite), or use fedhmc {self.version[:40]}"
+        )
+
+
 PAYLOAD_FIELDS = {
     "round": (int,),
     "backend": (dict, type(None)),
@@ -178,24 +190,20 @@ PAYLOAD_FIELDS = {
     "totals": (dict,),
     "grad_evals": (int,),
     "wall_s": (int, float),
-}
-"""The fields of a run's checkpoint payload, and their types: it is under the checksum,
-but a forged file can carry a valid one (`check_run_payload`)."""
-OPTIONAL_FIELDS = {
     "device": (str,),
     "keep_draws": (bool,),
     "draws": (torch.Tensor, type(None)),
     "samples": (torch.Tensor, type(None)),
-    "metrics": (dict, type(None)),
+    "metrics": (dict,),
 }
+"""The fields of a run's checkpoint payload, and their types: it is under the checksum,
+but a forged file can carry a valid one (`check_run_payload`)."""
 
 
 def check_run_payload(state: dict) -> None:
     """ValueError naming the first field of a run's checkpoint payload that is missing or
     not of the type fedhmc writes."""
-    for key, kinds in (*PAYLOAD_FIELDS.items(), *OPTIONAL_FIELDS.items()):
-        if key not in state and key in OPTIONAL_FIELDS:
-            continue
+    for key, kinds in PAYLOAD_FIELDS.items():
         value = state.get(key)
         if (
             key not in state
@@ -239,9 +247,14 @@ def _read(path: Path) -> dict:
 def peek(run_dir: str | os.PathLike) -> dict | None:
     """The header of the newest checkpoint of ``run_dir`` whose first line is one (its
     payload unread and unchecked: `load` checks it), or None. A header holds ``round``,
-    ``version`` and, from checkpoints written by this fedhmc on, the run's ``config`` and
-    what its ``metrics.csv`` held (``metrics``): what a resume is checked against before the
-    run starts (and again, from the checked payload, when it starts)."""
+    ``version``, the run's ``config`` and what its ``metrics.csv`` held (``metrics``): what a
+    resume is checked against before the run starts (and again, from the checked payload,
+    when it starts).
+
+    Raises
+    ------
+    ConfigError
+        When the newest such checkpoint is of another format (`OtherFormat`)."""
     from fedhmc.runtime.output import refuse_links
 
     run_dir = Path(run_dir)
@@ -250,6 +263,8 @@ def peek(run_dir: str | os.PathLike) -> dict | None:
         try:
             with _open_checkpoint(run_dir / name) as f:
                 return _header(f.readline())
+        except OtherFormat as e:
+            raise e.refusal(run_dir) from None
         except (OSError, ValueError):
             continue
     return None
@@ -261,7 +276,8 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
     Raises
     ------
     ConfigError
-        When the directory holds no readable checkpoint.
+        When the directory holds no readable checkpoint, or its newest one is of another
+        format (`OtherFormat`).
     """
     import pickle
 
@@ -276,6 +292,8 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
             continue
         try:
             return _read(path), problems
+        except OtherFormat as e:
+            raise e.refusal(run_dir) from None
         except (OSError, ValueError, RuntimeError, KeyError, EOFError, pickle.PickleError) as e:
             problems.append(f"{name} is unusable ({e})")
     why = "; ".join(problems) if problems else "no checkpoint.pt"
@@ -456,19 +474,13 @@ def state_dict(state) -> dict:
     }
 
 
-def state_from_dict(saved: dict, cls: type, device=None, settings=None):
+def state_from_dict(saved: dict, cls: type, device=None):
     """The ``cls`` State that ``state_dict`` saved, its tensors on ``device`` (None: where
     they are; `load` puts them on the CPU).
 
     The types of nested states come from ``cls``'s declared fields, never from the file:
     a checkpoint that names any other type is refused in one line, and nothing it names is
     imported.
-
-    A field that an earlier version saved under another name is read through the State's
-    ``RENAMED`` mapping (a ClassVar: old name → new name, or → a function
-    ``convert(saved value, settings) -> {new name: value}`` where the value changes meaning,
-    e.g. a count of Euler steps that became a count of ``step`` calls). ``settings`` are the
-    run's algorithm Settings, for such a conversion (nested states get the same ones).
     """
     import dataclasses
     import typing
@@ -482,8 +494,6 @@ def state_from_dict(saved: dict, cls: type, device=None, settings=None):
         )
     fields = saved.get("fields")
     declared = {f.name for f in dataclasses.fields(cls)}
-    if isinstance(fields, dict):
-        fields = _renamed_fields(fields, cls, declared, settings)
     if not isinstance(fields, dict) or not set(fields) <= declared:
         raise ConfigError(
             f"cannot resume: the checkpoint's {name} state does not have this version's fields; "
@@ -497,7 +507,7 @@ def state_from_dict(saved: dict, cls: type, device=None, settings=None):
         if isinstance(v, dict) and "type" in v and "fields" in v:
             for nested in _dataclasses_in(hint):
                 if v["type"] == _type_name(nested):
-                    return state_from_dict(v, nested, device, settings)
+                    return state_from_dict(v, nested, device)
             raise ConfigError(
                 f"cannot resume: the checkpoint puts a {str(v['type'])[:80]!r} state in "
                 f"{where}, which holds no such state; start the run again with --overwrite"
@@ -509,20 +519,6 @@ def state_from_dict(saved: dict, cls: type, device=None, settings=None):
         return v
 
     return cls(**{k: back(v, hints.get(k), f"{name}.{k}") for k, v in fields.items()})
-
-
-def _renamed_fields(fields: dict, cls: type, declared: set, settings) -> dict:
-    """``fields`` with the names an earlier version saved (``cls.RENAMED``) read as the
-    fields ``cls`` declares now; a saved field that ``cls`` declares is kept as it is."""
-    renamed = getattr(cls, "RENAMED", None) or {}
-    out = {k: v for k, v in fields.items() if k not in renamed or k in declared}
-    for old, new in renamed.items():
-        if old not in fields or old in declared:
-            continue
-        converted = {new: fields[old]} if isinstance(new, str) else new(fields[old], settings)
-        for k, v in converted.items():
-            out.setdefault(k, v)  # a field saved under its new name wins
-    return out
 
 
 def _type_name(cls: type) -> str:

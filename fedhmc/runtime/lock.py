@@ -26,7 +26,8 @@ _NOFOLLOW = getattr(os, "O_NOFOLLOW", 0)
 
 def _holder(text: str) -> tuple[str, str]:
     """(process id, what it does) from a lock file's text: ``process 123`` and, on the next
-    line, what the holder said it is (``a run``, ``a sweep``); older locks lack that line."""
+    line, what the holder said it is (``a run``, ``a sweep``); ``another process`` and ``a
+    fedhmc command`` where the text does not say (a lock file cut short)."""
     lines = text.strip().splitlines()
     first = lines[0].split() if lines else []
     pid = first[-1] if len(first) >= 2 and first[0] == "process" else "another process"

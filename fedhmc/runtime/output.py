@@ -62,6 +62,7 @@ RUN_FILES = (
     "posterior.outdated.nc",
     "staleness.csv",
     "workers.csv",
+    "flower.log",
     "sweep.json",
     "results.csv",
     "results.parquet",
@@ -224,9 +225,6 @@ def atomic_write(path: str | os.PathLike, write) -> None:
         raise
 
 
-_atomic_write = atomic_write
-
-
 def write_text_atomic(path: str | os.PathLike, text: str) -> None:
     atomic_write(path, lambda p: p.write_text(text))
 
@@ -323,7 +321,7 @@ class RunWriter:
         }
 
     def write_config(self, config: dict) -> None:
-        _atomic_write(
+        atomic_write(
             self.out / "config.json",
             lambda p: p.write_text(json.dumps(config, indent=2, default=str) + "\n"),
         )
@@ -344,10 +342,10 @@ class RunWriter:
             with open_private(p) as f:  # the draws may reveal the data: 0600
                 np.save(f, arr)
 
-        _atomic_write(self.out / "samples.npy", write)
+        atomic_write(self.out / "samples.npy", write)
 
     def write_summary(self, summary: dict) -> None:
-        _atomic_write(
+        atomic_write(
             self.out / "summary.json",
             lambda p: p.write_text(json.dumps(summary, indent=2, default=_jsonable) + "\n"),
         )
@@ -388,8 +386,8 @@ def check_metrics_file(out: str | os.PathLike, written: dict | None, round_: int
     if not _valid_written(written):
         raise ConfigError(
             f"cannot resume from {str(out)!r}: its checkpoint does not record what metrics.csv "
-            "held (written by an earlier fedhmc, or edited), so a changed file would go "
-            "unnoticed; start the run again (--overwrite)"
+            "held (it was edited), so a changed file would go unnoticed; start the run again "
+            "(--overwrite)"
         )
     data = _read_prefix(path, written["bytes"])
     header = next(csv.reader([data.partition(b"\n")[0].decode(errors="replace")]), [])

@@ -23,9 +23,11 @@ from fedhmc.analysis.metrics import (
 from fedhmc.core import rng
 from fedhmc.core.determinism import deterministic_cuda
 from fedhmc.core.graphs import RoundGraphs
+from fedhmc.core.streams import STREAM_INIT
 from fedhmc.errors import ConfigError
 from fedhmc.models import nets
-from fedhmc.models.module import TorchModel, describe_factory, load_factory, parse_model_args
+from fedhmc.models.loading import describe_factory, load_factory, parse_model_args
+from fedhmc.models.module import TorchModel
 from fedhmc.models.targets import DataTarget, GaussianTarget, hetero_gaussian
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.presets import GAUSSIAN_TARGETS
@@ -333,7 +335,7 @@ def initial_position(model, dim: int, cfg: RunConfig, device="cpu") -> torch.Ten
     dtype = torch_dtype(cfg)
     init = cfg.init or "auto"
     # Drawn on the CPU and then moved: the same start on every device.
-    keys = rng.derive(cfg.seed, rng.STREAM_INIT, torch.arange(S, device="cpu"))
+    keys = rng.derive(cfg.seed, STREAM_INIT, torch.arange(S, device="cpu"))
     if model is None:  # a synthetic target: no layers
         if init == "normal":
             return rng.normal(keys, 0, dim, dtype).to(device)
@@ -458,8 +460,8 @@ def async_worker_target(cfg, partition_id: int, num_total: int | None = None, de
 
 MEMORY_COPIES = 8
 """Arrays of the clients' (N, S, D) positions that a round holds at its peak: positions,
-momenta, gradients, and the parameters and gradients of the batched forward pass. About 10
-were measured for a module; 8 keeps the estimate below what a run needs, so that a run
+momenta, gradients, and the parameters and gradients of the batched forward pass. A
+module's round holds about 10; 8 keeps the estimate below what a run needs, so that a run
 that fits is never refused."""
 
 

@@ -1,12 +1,10 @@
 """How many intra-op threads torch uses for a run: ``--threads N`` or ``--threads auto``.
 
-Measured by ``python -m benchmarks --only threads`` on 2 cores (the performance page has
-the table): where a gradient evaluation is small (digits, 10 clients: about 2·10⁵
-multiply-adds a round step) a second thread gains 4 % on an idle machine and loses 11-fold
-beside other busy processes, because each of the thousands of small ops waits for the
-scheduler. Where it is large (Fashion-MNIST, batch 1000, about 8·10⁷) a second thread gains
-1.8-1.9× idle and loses about 20 % under the same load. So ``auto`` uses one thread below
-``AUTO_WORK`` and every core above it.
+Where a gradient evaluation is small, a second thread gains little on an idle machine and
+loses much beside other busy processes, because each of the thousands of small ops waits
+for the scheduler; where it is large, more threads pay. So ``auto`` uses one thread below
+``AUTO_WORK`` and every core above it (the performance page has the measurements,
+``python -m benchmarks --only threads``).
 
 ``auto`` is the default everywhere: ``fedhmc run``, ``fedhmc sweep``, ``fedhmc experiment``
 and the Python API (``fedhmc.runtime.engine.run(cfg)`` with ``threads`` left out) choose

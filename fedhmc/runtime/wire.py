@@ -9,7 +9,6 @@ holds); the Flower layer wraps them. Keys are kebab-case, as in Flower's run con
 from __future__ import annotations
 
 from fedhmc.algorithms import api, federated, registry
-from fedhmc.errors import MODEL_ERROR_CODE  # noqa: F401 (the wire's, declared there)
 from fedhmc.runtime.config import RunConfig
 
 DATA = {

@@ -15,11 +15,18 @@ import functools
 import json
 import os
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Collection
 from pathlib import Path
 
+from fedhmc.algorithms import registry
 from fedhmc.errors import ConfigError, FedHMCError, RunInterrupted, loads_json
-from fedhmc.runtime.config import RunConfig, recorded_settings
+from fedhmc.runtime.config import (
+    RunConfig,
+    recorded_settings,
+    refuse_unused,
+    sampler_options,
+    unused_settings,
+)
 from fedhmc.runtime.lock import FolderLock
 from fedhmc.runtime.output import mark_folder
 from fedhmc.sweep.grid import RUN_ONLY_KEYS, cell_id, expand_grid
@@ -103,8 +110,8 @@ def run_cell(settings: dict, cell_dir: str, threads: int | str | None = None) ->
         torch.set_num_threads(threads)
     status, error = "completed", ""
     try:
-        from fedhmc.runtime.backends import run_config
-        from fedhmc.runtime.engine import resume_or_replace
+        from fedhmc.runner import run_config
+        from fedhmc.runtime.loop import resume_or_replace
 
         cell = {**settings, "out": cell_dir}
         device = os.environ.get(DEVICE_ENV)
@@ -302,6 +309,7 @@ def run_sweep(
     progress: bool = True,
     log=print,
     threads: int | str | None = "auto",
+    given: Collection[str] = (),
 ) -> list[dict]:
     """Run every cell of ``grid`` (on top of ``base``) into ``out/cells/`` and build the table.
 
@@ -324,6 +332,10 @@ def run_sweep(
     threads
         torch threads of a one-worker sweep: a number, or ``"auto"`` (each cell chooses
         from its size, fedhmc.runtime.threads).
+    given
+        The settings (RunConfig field names) the user gave for every cell: one that no
+        cell would make use of is refused before any cell runs
+        (`refuse_unused_in_every_cell`).
 
     Returns
     -------
@@ -333,14 +345,14 @@ def run_sweep(
     lock = FolderLock(out, "a sweep").acquire()  # two sweeps never share a folder
     ok = False
     try:
-        rows = _run_sweep(out, grid, base, workers, progress, log, threads)
+        rows = _run_sweep(out, grid, base, workers, progress, log, threads, given)
         ok = True
         return rows
     finally:
         lock.release(discard=not ok)  # a refused sweep leaves no empty folder
 
 
-def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
+def _run_sweep(out, grid, base, workers, progress, log, threads, given) -> list[dict]:
     """run_sweep's body, run while the folder's lock is held."""
     base = dict(base or {})
     base.pop("out", None)
@@ -353,6 +365,7 @@ def _run_sweep(out, grid, base, workers, progress, log, threads) -> list[dict]:
         raise ConfigError(f"--workers must be ≥ 1, got {workers}")
     out = Path(out)
     cells = _sweep_cells(grid, base)
+    refuse_unused_in_every_cell(cells, given)  # no option accepted without effect
     try:
         mark_folder(out)  # the folder is fedhmc's from its first file on
         (out / "cells").mkdir(parents=True, exist_ok=True)
@@ -398,19 +411,72 @@ def _sweep_cells(grid: dict, base: dict) -> list[dict]:
     settings resolve, and no two are the same cell."""
     cells = []
     for cell in expand_grid(grid):
-        settings = {**base, **cell}
+        settings = _cell_settings(base, cell)
         try:
             cfg = RunConfig.from_mapping(settings)
             cid = cell_id(settings, cell)
-            cfg.resolve()
+            resolved = cfg.resolve()
         except ConfigError as e:
             desc = " ".join(f"{k}={v}" for k, v in cell.items())
             raise ConfigError(f"cell {desc}: {e}") from None
-        cells.append({"id": cid, "cell": cell, "settings": settings, "cfg": cfg})
+        cells.append(
+            {"id": cid, "cell": cell, "settings": settings, "cfg": cfg, "resolved": resolved}
+        )
+    _refuse_options_no_cell_has(base, cells)
     ids = [c["id"] for c in cells]
     if len(set(ids)) != len(ids):
         raise ConfigError("the grid repeats a cell (the same settings twice); drop duplicates")
     return cells
+
+
+def _cell_settings(base: dict, cell: dict) -> dict:
+    """A cell's settings: ``base`` (what the sweep gives every cell) and its grid values,
+    without the sampler options of ``base`` that the cell's sampler does not have (a
+    grid of samplers takes each one's options from one command line)."""
+    settings = {**base, **cell}
+    algo = registry.find(settings.get("algorithm", registry.DEFAULT_ALGORITHM))
+    if algo.module_path is None:
+        return settings  # (an unknown name: refused when the cell resolves)
+    declared = sampler_options()
+    return {
+        k: v
+        for k, v in settings.items()
+        if k in cell or k.replace("-", "_") not in declared or k.replace("-", "_") in algo.own
+    }
+
+
+def _refuse_options_no_cell_has(base: dict, cells: list[dict]) -> None:
+    """Refuse, in one line, a sampler option given for every cell that no cell's sampler
+    has."""
+    declared = sampler_options()
+    for key in base:
+        name = key.replace("-", "_")
+        if name in declared and not any(key in c["settings"] for c in cells):
+            names = sorted({str(c["resolved"].algorithm) for c in cells})
+            flag = "--" + key.replace("_", "-")
+            raise ConfigError(
+                f"{flag} is not an option of any sampler of the grid ({', '.join(names)}); "
+                f"drop {flag}"
+            )
+
+
+def refuse_unused_in_every_cell(cells: list[dict], given: Collection[str]) -> None:
+    """Refuse, in one line, a setting given for every cell (``given``: RunConfig field
+    names) that no cell of the grid would make use of: ``fedhmc run``'s rule
+    (`fedhmc.runtime.config.refuse_unused`) over the whole grid. A setting that some cells
+    use is fine (``--max-staleness`` in a grid of FA-HMC and asynchronous cells)."""
+    unused = set(given)
+    for c in cells:
+        unused &= set(unused_settings(c["resolved"].to_dict()))
+    if not unused or not cells:
+        return
+    key = next(k for k in given if k in unused)
+    try:
+        refuse_unused(cells[0]["resolved"], {key})
+    except ConfigError as e:
+        raise ConfigError(
+            str(e).replace("this run would make no", "no cell of the grid would make")
+        ) from None
 
 
 def _run_recorded(out: Path, record: dict, todo: list[dict], how: tuple, log) -> None:

@@ -133,7 +133,8 @@ def test_resume_across_devices(cell, direction, device64, tmp_path, record_prope
 
 
 def test_participation_draw_on_device(device64):
-    from fedhmc.core.participation import SCHEMES, draw
+    from fedhmc.core import PARTICIPATION_SCHEMES as SCHEMES
+    from fedhmc.core.participation import draw
 
     weights = torch.tensor([0.05, 0.4, 0.1, 0.3, 0.15], dtype=torch.float64)
     cmp = Comparison()
@@ -159,11 +160,12 @@ def test_participation_draw_on_device(device64):
 
 def test_random_numbers_on_device(device):
     from fedhmc.core import rng
+    from fedhmc.core.streams import STREAM_CHAIN
 
-    keys = rng.derive(5, rng.STREAM_CHAIN, torch.arange(6).view(2, 3))
+    keys = rng.derive(5, STREAM_CHAIN, torch.arange(6).view(2, 3))
     cmp = Comparison()
     cmp.exact(
-        "derive", rng.derive(5, rng.STREAM_CHAIN, torch.arange(6, device=device).view(2, 3)), keys
+        "derive", rng.derive(5, STREAM_CHAIN, torch.arange(6, device=device).view(2, 3)), keys
     )
     for hi in (0, 7, 12345):
         cmp.exact(f"uniform {hi}", rng.uniform(keys.to(device), hi, 33), rng.uniform(keys, hi, 33))

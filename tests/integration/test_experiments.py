@@ -225,7 +225,8 @@ def test_paper_figure_quick_tunes_runs_seeds_and_resumes(tmp_path, capsys):
 def test_paper_blr_samples_are_the_engines_and_skipping_changes_nothing(tmp_path):
     from fedhmc.experiments.blr_t import authors_blr_samples
     from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import run, sampler_settings
+    from fedhmc.runtime.engine import run
+    from fedhmc.runtime.loop import sampler_settings
     from fedhmc.runtime.problem import build_problem
 
     cfg = RunConfig(

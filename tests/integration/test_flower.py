@@ -27,7 +27,8 @@ from fedhmc.algorithms.fahmc import client_seed, client_update, round_seed
 from fedhmc.core.aggregate import ReplyError, validate_reply
 from fedhmc.errors import FedHMCError
 from fedhmc.runtime.config import RunConfig, builtin_option_keys, sampler_options
-from fedhmc.runtime.engine import run, sampler_settings
+from fedhmc.runtime.engine import run
+from fedhmc.runtime.loop import sampler_settings
 from fedhmc.runtime.problem import build_problem
 
 pytestmark = pytest.mark.slow  # Flower
@@ -742,7 +743,7 @@ def test_flower_draws_the_engines_clients_and_equals_it(tmp_path, scheme, extra)
     flower, grid = run_grid(cfg.replace(out=str(tmp_path / "f")), colocated=True)
     assert torch.equal(engine.theta_bar, flower.theta_bar)
     from fedhmc.algorithms import fahmc
-    from fedhmc.runtime.engine import sampler_settings
+    from fedhmc.runtime.loop import sampler_settings
 
     full = cfg.resolve()
     weights = build_problem(full).target.weights

@@ -37,6 +37,7 @@ from fedhmc.algorithms.fahmc import (
 from fedhmc.algorithms.registry import Entry
 from fedhmc.core import rng
 from fedhmc.core.momentum import draw_momentum
+from fedhmc.core.streams import STREAM_MINIBATCH, STREAM_MOMENTUM
 from fedhmc.errors import ConfigError
 
 
@@ -76,8 +77,8 @@ def client_update(message, target, settings, seeds):
     chains = torch.arange(S, device=theta.device)
     shared, private = round_keys(message.round_seed, seeds.to(theta.device), message.round, chains)
     x = theta.unsqueeze(1).expand(S, M, D).clone()
-    g, energy = target.grad(x, rng.derive(private, rng.STREAM_MINIBATCH), 0, True)
-    xi = draw_momentum(shared, rng.derive(private, rng.STREAM_MOMENTUM), target.weights,
+    g, energy = target.grad(x, rng.derive(private, STREAM_MINIBATCH), 0, True)
+    xi = draw_momentum(shared, rng.derive(private, STREAM_MOMENTUM), target.weights,
                        0.0, 0, D, theta.dtype)
     h = settings.step_size
     return ClientUpdate(position=x - h * g + (2 * h) ** 0.5 * xi, energy=energy,

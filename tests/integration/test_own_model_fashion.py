@@ -58,7 +58,7 @@ def fashion():
 def test_the_command_line_example_names_real_options_and_the_module(tmp_path, monkeypatch):
     from fedhmc.cli.main import build_parser
     from fedhmc.cli.options import config_from_args
-    from fedhmc.models.module import load_factory
+    from fedhmc.models.loading import load_factory
 
     (tmp_path / "fmnist_nets.py").write_text(_one(_blocks("python"), "class FashionCNN"))
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -28,7 +28,8 @@ from fedhmc.core import rng
 from fedhmc.models.nets import LogisticRegression
 from fedhmc.models.targets import DataTarget, hetero_gaussian
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.engine import is_collect_round, run, sampler_settings
+from fedhmc.runtime.engine import run
+from fedhmc.runtime.loop import is_collect_round, sampler_settings
 from fedhmc.runtime.problem import build_problem, initial_position
 
 Z = 5.0

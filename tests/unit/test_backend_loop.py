@@ -1,6 +1,6 @@
-"""The round loop drives a Backend (fedhmc.runtime.engine.Backend), which alone holds θ̄:
-checkpoints save θ̄ once, in the backend's state, and a checkpoint of the earlier format
-(θ̄ also saved beside it, as ``theta_bar``) resumes to the same numbers."""
+"""The round loop drives a Backend (fedhmc.runtime.loop.Backend), which alone holds θ̄:
+checkpoints save θ̄ once, in the backend's state, and a checkpoint of another format is
+refused in one line naming the fedhmc that wrote it."""
 
 from __future__ import annotations
 
@@ -17,7 +17,8 @@ import torch
 from fedhmc.errors import ConfigError, RunInterrupted
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.config import RunConfig
-from fedhmc.runtime.engine import EngineBackend, RoundStats, run, run_loop
+from fedhmc.runtime.engine import EngineBackend, run
+from fedhmc.runtime.loop import RoundStats, run_loop
 from fedhmc.runtime.problem import build_problem
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -45,37 +46,43 @@ def test_a_checkpoint_holds_theta_bar_once_in_the_backends_state(tmp_path):
     assert torch.equal(state["backend"]["fields"]["position"], result.theta_bar.cpu())
 
 
-@pytest.mark.parametrize("fmt", [2, 3])
-def test_a_checkpoint_of_an_earlier_format_is_read_but_not_resumed(tmp_path, monkeypatch, fmt):
-    """Formats 2 and 3 did not record what metrics.csv held: such a checkpoint still reads
-    (for ``fedhmc diagnose``), but a resume of it is refused in one line saying why, with
-    the run's files untouched."""
+@pytest.mark.parametrize("fmt", [3, 5])
+def test_a_checkpoint_of_another_format_is_refused_naming_its_version(
+    tmp_path, monkeypatch, cli, fmt
+):
+    """A run folder whose checkpoint another fedhmc wrote (an older format, or a newer
+    one) is refused in one line by a resume and by ``fedhmc diagnose`` of its checkpoint's
+    draws, naming the version that wrote it and what to do, with the run's files untouched.
+    (``fedhmc export`` and ``plot`` read samples.npy, config.json and the CSV files, never
+    the checkpoint.)"""
     cut = tmp_path / "cut"
     with pytest.raises(RunInterrupted):
-        run(RunConfig(**KW, out=str(cut)), progress=False, on_round=_stop_at(3))
+        run(RunConfig(**KW, out=str(cut)), progress=False, on_round=_stop_at(4))
     state, _ = checkpoint.load(cut)
-    state = {k: v for k, v in state.items() if not k.startswith("_") and k != "metrics"}
+    state = {k: v for k, v in state.items() if not k.startswith("_")}
     monkeypatch.setattr(checkpoint, "FORMAT", fmt)
-    checkpoint.save(cut, state)  # as fedhmc wrote it before format 4
-    (cut / checkpoint.PREVIOUS).unlink(missing_ok=True)
+    monkeypatch.setattr(checkpoint, "__version__", "0.0.1")
+    checkpoint.save(cut, state)  # as another fedhmc wrote it
+    checkpoint.save(cut, state)
     monkeypatch.undo()
-    assert checkpoint.load(cut)[0]["_header"]["format"] == fmt
     before = {p.name: p.read_bytes() for p in cut.iterdir() if p.is_file()}
-    with pytest.raises(ConfigError, match="does not record what metrics.csv held") as e:
-        run(RunConfig(**KW, out=str(cut), resume=True), progress=False)
-    assert "\n" not in str(e.value)
-    assert {p.name: p.read_bytes() for p in cut.iterdir() if p.is_file()} == before
-
-
-def test_a_checkpoint_of_an_unknown_format_is_refused(tmp_path, monkeypatch):
-    run(RunConfig(**{**KW, "rounds": 2}, out=str(tmp_path / "r")), progress=False)
-    state, _ = checkpoint.load(tmp_path / "r")
-    monkeypatch.setattr(checkpoint, "FORMAT", 5)
-    checkpoint.save(tmp_path / "r", {k: v for k, v in state.items() if not k.startswith("_")})
-    monkeypatch.undo()
-    (tmp_path / "r" / checkpoint.PREVIOUS).unlink(missing_ok=True)
-    with pytest.raises(ConfigError, match="format 5, written by another fedhmc"):
-        checkpoint.load(tmp_path / "r")
+    said = f"written by fedhmc 0.0.1 (checkpoint format {fmt})"
+    resume = RunConfig(**KW, out=str(cut), resume=True)
+    for refused in (
+        lambda: checkpoint.load(cut),
+        lambda: checkpoint.peek(cut),
+        lambda: run(resume, progress=False),
+    ):
+        with pytest.raises(ConfigError, match=r"written by fedhmc 0\.0\.1") as e:
+            refused()
+        assert said in str(e.value) and "use fedhmc 0.0.1" in str(e.value)
+        assert "\n" not in str(e.value)
+    (cut / "samples.npy").unlink()  # diagnose reads the checkpoint's draws
+    for argv in (("run", "--resume", cut), ("diagnose", cut)):
+        code, _, err = cli(*argv)
+        assert code == 2 and said in err and len(err.strip().splitlines()) == 1, err
+    after = {p.name: p.read_bytes() for p in cut.iterdir() if p.is_file()}
+    assert after == {k: v for k, v in before.items() if k != "samples.npy"}
 
 
 class Drift:
@@ -151,13 +158,20 @@ def test_the_engine_backend_is_a_backend(tmp_path):
 
 
 def test_the_engine_runs_the_engine_only(tmp_path):
-    with pytest.raises(ConfigError, match="fedhmc.runtime.backends.run_config"):
+    with pytest.raises(ConfigError, match="config with fedhmc.run$"):
         run(RunConfig(backend="flower", out=str(tmp_path / "f")), progress=False)
     assert not (tmp_path / "f").exists()
 
 
 @pytest.mark.parametrize(
-    "path", ["fedhmc/runtime/engine.py", "fedhmc/runtime/backends.py", "server/async_loop.py"]
+    "path",
+    [
+        "fedhmc/runtime/loop.py",
+        "fedhmc/runtime/engine.py",
+        "fedhmc/runtime/backends.py",
+        "fedhmc/runner.py",
+        "server/async_loop.py",
+    ],
 )
 def test_the_loops_functions_are_short(path):
     """No function longer than 60 lines, none with more than 6 positional parameters,

@@ -194,7 +194,7 @@ def test_kill_9_leaves_a_resumable_directory(tmp_path):
 
 
 def test_an_algorithm_without_a_checkpointed_server_is_refused(tmp_path):
-    from fedhmc.runtime.engine import run_loop
+    from fedhmc.runtime.loop import run_loop
     from fedhmc.runtime.problem import build_problem
 
     class Unsaved:  # a backend whose state no checkpoint keeps
@@ -207,23 +207,3 @@ def test_an_algorithm_without_a_checkpointed_server_is_refused(tmp_path):
     problem = build_problem(cfg)
     with pytest.raises(ConfigError, match="cannot be resumed"):
         run_loop(cfg, problem.evaluator, Unsaved(), dim=1, num_clients=2, description="")
-
-
-def test_a_stale_checkpoint_of_the_old_form_resumes_to_the_same_numbers(tmp_path):
-    """A checkpoint that an earlier version wrote for sghmc / sgld saved the Euler steps
-    taken as the State's ``step`` (now ``round``, the rounds: ``step`` calls of T Euler
-    steps); the run resumes from it to the numbers of a run never stopped."""
-    kw = dict(algorithm="sghmc", staleness=2, staleness_dist="uniform", local_steps=3)
-    kw.update(num_clients=3, leapfrog_steps=None, chains=2, rounds=6, seed=5)
-    full = run(RunConfig(**kw, out=str(tmp_path / "full")), progress=False)
-    with pytest.raises(RunInterrupted):
-        run(RunConfig(**kw, out=str(tmp_path / "cut")), progress=False, on_round=stop_at(3))
-    saved, _ = checkpoint.load(tmp_path / "cut")
-    fields = saved["backend"]["fields"]
-    assert fields["round"] == 3
-    fields["step"] = fields.pop("round") * kw["local_steps"]  # the old form: Euler steps
-    checkpoint.save(tmp_path / "cut", saved)
-    resumed = run(RunConfig(**kw, out=str(tmp_path / "cut"), resume=True), progress=False)
-    assert resumed.summary["resumed_from_round"] == 3
-    assert torch.equal(resumed.theta_bar, full.theta_bar)
-    assert_same(tmp_path / "cut", tmp_path / "full")

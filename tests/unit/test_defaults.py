@@ -45,7 +45,7 @@ def test_the_report_keeps_two_significant_digits_of_a_slow_rate(capsys):
     import torch
 
     from fedhmc.cli.options import print_final_table
-    from fedhmc.runtime.engine import RunResult
+    from fedhmc.runtime.loop import RunResult
 
     cfg = RunConfig(rounds=2, out="runs/x").resolve()
     summary = {"rounds_completed": 2, "grad_evals_per_s": 3.4149, "bytes_total": 0}

@@ -88,7 +88,7 @@ def test_experiment_device_reaches_the_cells(monkeypatch):
         raise ConfigError("stop here")
 
     monkeypatch.setenv(cells.DEVICE_ENV, "cpu")
-    monkeypatch.setattr("fedhmc.runtime.engine.resume_or_replace", fake_resume_or_replace)
+    monkeypatch.setattr("fedhmc.runtime.loop.resume_or_replace", fake_resume_or_replace)
     res = cells.run_cell({"dataset": "digits", "rounds": 1}, "/nonexistent/cell")
     assert res["status"] == "failed" and seen["device"] == "cpu"
     monkeypatch.setenv(cells.DEVICE_ENV, "cuda:3")

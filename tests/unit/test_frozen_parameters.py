@@ -182,12 +182,12 @@ def test_a_module_instance_keeps_its_frozen_values(tmp_path):
 
 
 def _frozen_recorded() -> bool:
-    """Whether the runtime records the frozen layout (fedhmc/runtime/engine.py; issue 37)."""
+    """Whether the runtime records the frozen layout (fedhmc/runtime/loop.py; issue 37)."""
     import inspect
 
-    from fedhmc.runtime import engine
+    from fedhmc.runtime import loop
 
-    return "frozen_layout" in inspect.getsource(engine)
+    return "frozen_layout" in inspect.getsource(loop)
 
 
 @pytest.mark.skipif(not _frozen_recorded(), reason="the engine does not record frozen yet")
@@ -253,7 +253,7 @@ def test_the_pages_last_layer_example_samples_the_head_alone(tmp_path, monkeypat
     result = run(cfg, progress=False)
     assert result.summary["dim"] == 650
     assert result.summary["model_parameters"] == [["1.weight", [10, 64]], ["1.bias", [10]]]
-    from fedhmc.models.module import load_factory
+    from fedhmc.models.loading import load_factory
 
     model = TorchModel(load_factory("lastlayer:last_layer"), 10, torch.zeros(4, 1, 8, 8))
     saved = torch.load(tmp_path / "body.pt", weights_only=True)

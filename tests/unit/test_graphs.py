@@ -22,6 +22,7 @@ from graph_standin import HostSyncError, NoHostSync, RecordedGraph
 from fedhmc.algorithms import debiased, fahmc
 from fedhmc.core import rng
 from fedhmc.core.graphs import RoundGraphs
+from fedhmc.core.streams import STREAM_MOMENTUM
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_problem, initial_position
 
@@ -64,7 +65,7 @@ def test_the_device_path_draws_the_host_paths_bits(draw):
 def test_the_device_path_copies_nothing_from_the_host():
     keys = torch.tensor([3, 4], dtype=torch.int64)
     with device_path(), NoHostSync():
-        k = rng.derive(keys, rng.STREAM_MOMENTUM, 5)
+        k = rng.derive(keys, STREAM_MOMENTUM, 5)
         rng.normal(k, 3, 8)
         rng.uniform_block(k, 1, 2, 8)
     with NoHostSync(), pytest.raises(HostSyncError, match="lift_fresh"):

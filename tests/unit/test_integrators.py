@@ -98,7 +98,7 @@ def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh)
     """fahmc.Info.energy_error (the health check's input) against H = f + |p|²/2 computed
     directly. The start momentum is recovered by time reversal (leapfrog from (θ_K, −p_K)
     ends at (θ_0, −p_0)); on a quadratic energy the estimate is exact, so 1e-9."""
-    from fedhmc.algorithms.fahmc import client_seed, local_iterations, round_keys
+    from fedhmc.algorithms.fahmc import RoundStart, client_seed, local_iterations, round_keys
     from fedhmc.models.targets import GaussianTarget
 
     S, N, D, K = 3, 4, 5, 7
@@ -114,7 +114,7 @@ def test_round_energy_error_is_the_exact_hamiltonian_change_on_a_gaussian(fresh)
     theta0 = torch.randn(S, N, D, dtype=torch.float64, generator=torch.Generator().manual_seed(1))
     seeds = torch.tensor([client_seed(0, c) for c in range(N)])
     shared, private = round_keys(123, seeds, 1, torch.arange(S))
-    info = local_iterations(target, theta0, shared, private, settings, round_=1)
+    info = local_iterations(target, theta0, shared, private, settings, RoundStart(round=1))
     theta = info.position
 
     def grad(th, k):
@@ -139,8 +139,9 @@ def test_an_exploding_energy_error_ends_the_run_as_diverged(tmp_path):
     from the start far from the posterior) the run completes."""
     import json
 
+    from fedhmc.errors import NonFiniteError
     from fedhmc.runtime.config import RunConfig
-    from fedhmc.runtime.engine import NonFiniteError, run
+    from fedhmc.runtime.engine import run
 
     kw = dict(dataset="gaussian-hetero", dtype="float64", local_steps=1, rounds=5)
     cfg = RunConfig(step_size=2.5, out=str(tmp_path / "a"), **kw)

@@ -1,5 +1,6 @@
 """The architecture, enforced: every module imports only from its own layer or the layers
-below it, the module graph has no cycles (function-level imports included), only the
+below it, the module graph has no cycles (function-level imports included), no module
+imports another of this repository by a string (which the graph would not see), only the
 Flower layer imports flwr, and the tools beside the library (benchmarks/, deploy/) edit
 nothing on sys.path.
 
@@ -44,6 +45,8 @@ LAYERS = [
     ("runtime", ["fedhmc.runtime"]),
     ("flower clients", ["fedhmc_clients"]),
     ("flower server", ["fedhmc_server"]),
+    # fedhmc/runner.py: sends a run to its backend (the engine, or the Flower server above).
+    ("runner", ["fedhmc.runner"]),
     ("sweep", ["fedhmc.sweep"]),
     ("viz", ["fedhmc.viz"]),
     ("experiments", ["fedhmc.experiments"]),
@@ -193,6 +196,51 @@ def flwr_imports(src: Source) -> list[str]:
     return bad
 
 
+_BY_NAME = {"import_module", "__import__"}
+
+
+def _module_named(text: str, known: set[str]) -> str | None:
+    """The module of this repository that ``text`` names as a whole (``a.b``, ``a.b.attr``
+    or ``a.b:attr``), or None; the bare ``fedhmc`` (a logger's or a program's name) is
+    none."""
+    dotted = text.partition(":")[0]
+    if not dotted.replace(".", "").replace("_", "").isalnum() or dotted.startswith("."):
+        return None
+    while dotted and dotted not in known:
+        dotted = dotted.rpartition(".")[0]
+    return dotted if dotted and dotted != "fedhmc" else None
+
+
+def string_imports(src: Source, known: set[str]) -> list[str]:
+    """Imports that the module graph cannot see: ``importlib.import_module(...)`` or
+    ``__import__(...)`` of a module of this repository named by a literal, and any other
+    string (docstrings aside) that names a module of a higher layer, such as a table of
+    modules to import by name (``{"flower": "fedhmc_server.simulation"}``)."""
+    skipped = {
+        id(node.value)
+        for node in ast.walk(src.tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }  # docstrings, of modules, classes, functions and attributes
+    bad = []
+    for node in ast.walk(src.tree):
+        if isinstance(node, ast.Call) and node.args:
+            f = node.func
+            name = f.attr if isinstance(f, ast.Attribute) else getattr(f, "id", "")
+            arg = node.args[0]
+            if name in _BY_NAME and isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                if _module_named(arg.value, known) is not None:
+                    bad.append(f"{src.path}:{node.lineno}: {name}({arg.value!r})")
+                    skipped.add(id(arg))  # said once
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            n = None if id(node) in skipped else _module_named(node.value, known)
+            if n is not None and rank(n) > rank(src.name):
+                bad.append(
+                    f"{src.path}:{node.lineno}: {node.value!r} names {n} "
+                    f"({LAYERS[rank(n)][0]}), a higher layer"
+                )
+    return bad
+
+
 _PATH_METHODS = {"insert", "append", "extend", "remove", "pop", "clear"}
 
 
@@ -277,6 +325,13 @@ def test_no_import_cycles():
     assert not cycles, "import cycles:\n" + "\n".join(cycles)
 
 
+def test_no_module_imports_another_by_a_string():
+    """A backend, say, is imported with an import statement where a run needs it (as
+    fedhmc.runner does), never by its name from a layer below it."""
+    bad = [line for src in SOURCES.values() for line in string_imports(src, set(SOURCES))]
+    assert not bad, "imports by a string (use an import statement):\n" + "\n".join(bad)
+
+
 @pytest.mark.parametrize("module", sorted(SOURCES))
 def test_only_the_flower_layer_imports_flwr(module):
     bad = flwr_imports(SOURCES[module])
@@ -295,6 +350,8 @@ def test_the_layer_order_itself():
     assert rank("fedhmc.core.rng") < rank("fedhmc.runtime.engine")
     assert rank("fedhmc_datasets.mnist") < rank("fedhmc.models.targets")
     assert rank("fedhmc.cli.main") > rank("fedhmc_server.app")
+    assert rank("fedhmc.runtime.engine") < rank("fedhmc_server.simulation")
+    assert rank("fedhmc_server.simulation") < rank("fedhmc.runner") < rank("fedhmc.sweep.cells")
     assert rank("fedhmc.cli.main") < rank("deploy.loopback") < rank("benchmarks.deploy")
 
 
@@ -319,6 +376,35 @@ def test_the_library_importing_a_tool_is_caught():
         "benchmarks.suite": source("benchmarks.suite", "x = 1\n"),
     }
     assert len(upward_imports(sources)) == 1
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        'import importlib\nm = importlib.import_module("fedhmc_server.simulation")\n',
+        'from importlib import import_module\ndef f():\n    import_module("fedhmc.runtime")\n',
+        'm = __import__("fedhmc_clients.app")\n',
+        'RUNNERS = {"flower": ("fedhmc_server.simulation", "run_flower")}\n',
+        'RUN = "fedhmc_server.simulation:run_flower"\n',
+    ],
+)
+def test_an_import_by_a_string_is_caught(text):
+    known = {"fedhmc", "fedhmc.runtime", "fedhmc.runtime.backends", "fedhmc.runtime.config"}
+    known |= {"fedhmc_server.simulation", "fedhmc_clients.app"}
+    (bad,) = string_imports(source("fedhmc.runtime.backends", text), known)
+    assert bad.startswith("fedhmc/runtime/backends.py:"), bad
+
+
+def test_names_in_prose_and_loggers_are_not_imports():
+    text = (
+        '"""Sent to `fedhmc_server.simulation.run_flower`."""\n'
+        'import logging\nlog = logging.getLogger("fedhmc.runtime")\n'
+        'X = 1\n"""As fedhmc_server.loop does."""\n'
+        'LOW = "fedhmc.runtime.config"  # a lower layer, named (say, in a message)\n'
+    )
+    known = {"fedhmc", "fedhmc.runtime.backends", "fedhmc.runtime.config"}
+    known |= {"fedhmc_server.simulation", "fedhmc_server.loop"}
+    assert string_imports(source("fedhmc.runtime.backends", text), known) == []
 
 
 def test_flwr_in_the_core_is_caught():

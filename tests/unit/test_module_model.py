@@ -16,7 +16,8 @@ from torch import nn
 from fedhmc import RunConfig, run
 from fedhmc.core import rng
 from fedhmc.errors import ConfigError
-from fedhmc.models.module import TorchModel, format_model_args, parse_model_args
+from fedhmc.models.loading import format_model_args, parse_model_args
+from fedhmc.models.module import TorchModel
 from fedhmc.models.nets import MLP, LogisticRegression
 from fedhmc.models.targets import DataTarget
 from fedhmc.runtime.problem import build_problem, initial_position
@@ -597,7 +598,7 @@ def test_a_layout_failure_in_the_run_runs_that_call_as_written_in_one_line(compi
 def test_run_sends_a_flower_config_to_flower(tmp_path, monkeypatch):
     import fedhmc_server.simulation as sim
 
-    from fedhmc.runtime.backends import run_config
+    from fedhmc.runner import run_config
 
     seen = {}
     monkeypatch.setattr(sim, "run_flower", lambda cfg, **kw: seen.setdefault("cfg", cfg))

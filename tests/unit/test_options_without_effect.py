@@ -118,3 +118,63 @@ def test_a_samplers_option_is_refused_for_another_sampler(cli, tmp_path, argv, a
         f"fedhmc run: error: {flag} is not an option of --algorithm {algorithm} (its options: "
     ), lines[0]
     assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, grid, applies",
+    [
+        (["--hidden", "10"], "model=logistic,cnn", "--model mlp"),
+        (["--round-timeout", "5.0"], "seed=0,1", "--backend flower"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else a,
+)
+def test_a_sweep_refuses_an_option_that_no_cell_uses(
+    cli, tmp_path, monkeypatch, argv, grid, applies
+):
+    """The run's rule over the grid: an option fixed on the sweep's command line that no
+    cell would use is refused in one line, before any cell runs or anything is written."""
+    import fedhmc.sweep.cells as cells
+
+    monkeypatch.setattr(cells, "run_cells", lambda *a, **k: pytest.fail("a cell ran"))
+    out = tmp_path / "sweep"
+    code, _, err = cli("sweep", "--grid", grid, *argv, "--rounds", "1", "--quiet", "--out", out)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    flag, value = argv
+    assert lines[0].startswith(f"fedhmc sweep: error: {flag} {value} applies to {applies}")
+    assert "no cell of the grid would make use of it" in lines[0] and f"drop {flag}" in lines[0]
+    assert not out.exists()
+
+
+@pytest.mark.parametrize(
+    "argv, grid",
+    [
+        (["--hidden", "10"], "model=logistic,mlp"),
+        (["--round-timeout", "5.0"], "backend=engine,flower"),
+        (["--backend", "flower", "--max-staleness", "3"], "algorithm=fahmc,async-sghmc"),
+    ],
+    ids=lambda a: " ".join(a) if isinstance(a, list) else a,
+)
+def test_a_sweep_takes_an_option_that_some_cells_use(cli, tmp_path, monkeypatch, argv, grid):
+    import fedhmc.sweep.cells as cells
+
+    ran = []
+    monkeypatch.setattr(cells, "_run_recorded", lambda out, record, todo, *a: ran.extend(todo))
+    monkeypatch.setattr(cells, "build_table", lambda out: [])
+    code, _, err = cli("sweep", "--grid", grid, *argv, "--rounds", "1", "--quiet",
+                       "--out", tmp_path / "sweep")  # fmt: skip
+    assert "fedhmc sweep: error" not in err and "applies to" not in err, err
+    assert len(ran) == 2  # (not run here: the sweep then says its cells are pending)
+
+
+def test_a_sweep_refuses_a_sampler_option_that_no_cells_sampler_has(cli, tmp_path, monkeypatch):
+    import fedhmc.sweep.cells as cells
+
+    monkeypatch.setattr(cells, "run_cells", lambda *a, **k: pytest.fail("a cell ran"))
+    out = tmp_path / "sweep"
+    argv = ["--grid", "algorithm=fahmc,fald", "--max-staleness", "3", "--rounds", "1"]
+    code, _, err = cli("sweep", *argv, "--quiet", "--out", out)
+    lines = err.strip().splitlines()
+    assert code == 2 and len(lines) == 1, err
+    assert "--max-staleness is not an option of any sampler of the grid (fahmc, fald)" in err
+    assert not out.exists()

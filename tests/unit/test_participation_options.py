@@ -70,7 +70,7 @@ def test_idle_clients_hold_only_their_data():
     import torch
 
     from fedhmc.algorithms import fahmc
-    from fedhmc.runtime.engine import sampler_settings
+    from fedhmc.runtime.loop import sampler_settings
     from fedhmc.runtime.problem import build_problem
 
     cfg = RunConfig(dataset="digits", num_clients=200, partition="quantity", rounds=3,

@@ -107,20 +107,21 @@ def test_fedhmc_run_leaves_the_callers_threads_as_they_were(tmp_path, threads):
 
 
 def test_a_backend_that_raises_leaves_the_callers_threads_too(monkeypatch):
-    from fedhmc.runtime import backends
+    import fedhmc_server.simulation as sim
+
+    from fedhmc.runner import run_config
     from fedhmc.runtime.config import RunConfig
 
     def fails(cfg, progress=True, on_round=None):
         torch.set_num_threads(1)  # what a backend's own choice does
         raise RuntimeError("the backend failed")
 
-    monkeypatch.setitem(backends.RUNNERS, "flower", (__name__, "_failing_backend"))
-    monkeypatch.setitem(globals(), "_failing_backend", fails)
+    monkeypatch.setattr(sim, "run_flower", fails)
     old = torch.get_num_threads()
     try:
         torch.set_num_threads(3)
         with pytest.raises(RuntimeError, match="the backend failed"):
-            backends.run_config(RunConfig(backend="flower"), progress=False, threads=2)
+            run_config(RunConfig(backend="flower"), progress=False, threads=2)
         assert torch.get_num_threads() == 3
     finally:
         torch.set_num_threads(old)

@@ -188,12 +188,12 @@ def test_a_forward_pass_that_fails_in_a_later_round_is_one_line(tmp_path, batchi
 
 def _engine_keeps_the_checkpoint() -> bool:
     """Whether the runtime keeps the checkpoint of a run that the user's module stopped
-    (fedhmc/runtime/engine.py; issue 37, item 1)."""
+    (fedhmc/runtime/loop.py; issue 37, item 1)."""
     import inspect
 
-    from fedhmc.runtime import engine
+    from fedhmc.runtime import loop
 
-    return "_kept(" in inspect.getsource(engine)
+    return "_kept(" in inspect.getsource(loop)
 
 
 @pytest.mark.skipif(not _engine_keeps_the_checkpoint(), reason="engine without it yet")

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -148,9 +147,6 @@ class State:
 
     position: torch.Tensor
     round: int = 0
-
-    RENAMED: ClassVar[dict] = {"step": "round"}
-    """Checkpoints of earlier versions saved ``round`` as ``step``."""
 
 
 @dataclass(frozen=True)

@@ -56,6 +56,7 @@ from fedhmc.algorithms.federated import Layout, Weights
 from fedhmc.algorithms.registry import Entry
 from fedhmc.core import rng
 from fedhmc.core.aggregate import weighted_average
+from fedhmc.core.streams import STREAM_MINIBATCH
 
 STREAM_NOISE = 1001
 """The clients' SGHMC noises ξ_t (draw t of the round)."""
@@ -211,7 +212,7 @@ def _minibatches(target, private: torch.Tensor, seeds, chains, round_: int, step
         from fedhmc.algorithms.fahmc import data_keys
 
         return data_keys(seeds, chains), (round_ - 1) * steps
-    return rng.derive(private, rng.STREAM_MINIBATCH), 0
+    return rng.derive(private, STREAM_MINIBATCH), 0
 
 
 def client_update(
