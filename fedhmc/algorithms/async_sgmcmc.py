@@ -23,8 +23,8 @@ from __future__ import annotations
 
 import dataclasses
 from collections import Counter
-from dataclasses import dataclass
-from typing import ClassVar, field
+from dataclasses import dataclass, field
+from typing import ClassVar
 
 import torch
 
