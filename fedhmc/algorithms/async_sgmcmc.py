@@ -62,6 +62,9 @@ class Settings(api.Settings):
     grad_noise: float = api.option(
         0.0, "σ_g, the std of the Gaussian noise the workers add to every gradient", low=0
     )
+    local_steps: int = api.option(
+        10, "the server's updates a round (a round: a row of metrics, a checkpoint)", low=1
+    )
 
     def __post_init__(self) -> None:
         stale.default_friction(self)

@@ -794,8 +794,8 @@ class RunConfig:
                 continue  # (what the name means anyway: fald's K = 1)
             if name in fixed:
                 raise ConfigError(
-                    f"--algorithm {self.algorithm} means {flag} {_shown(fixed[name])}, but "
-                    f"{flag} is {_shown(value)}; drop {flag}"
+                    f"{flag} is not an option of --algorithm {self.algorithm} (its name means "
+                    f"{flag} {_shown(fixed[name])}){own_options_clause(algo)}; drop {flag}"
                 )
             if name not in own:
                 raise ConfigError(

@@ -153,7 +153,7 @@ def test_failures_retire_a_worker():
         (dict(chains=3, num_clients=2), "--num-clients ≥ --chains"),
         (dict(staleness=2), "--max-staleness"),
         (dict(max_staleness=-1), "--max-staleness"),
-        (dict(leapfrog_steps=5), "no leapfrog"),
+        (dict(leapfrog_steps=5), "--leapfrog-steps is not an option of --algorithm async-sghmc"),
         (dict(max_worker_failures=0), "--max-worker-failures"),
     ],
 )

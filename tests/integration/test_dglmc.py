@@ -181,7 +181,7 @@ def test_a_run_config_takes_the_coupling(tmp_path):
         (dict(step_size=1.0), "must be below 2 × --coupling"),
         (dict(clients_per_round=2), "--clients-per-round is not an option of --algorithm dglmc"),
         (dict(quantization_levels=4.0), "--quantization-levels is not an option"),
-        (dict(leapfrog_steps=3), "has no leapfrog steps"),
+        (dict(leapfrog_steps=3), "--leapfrog-steps is not an option of --algorithm dglmc"),
     ],
 )
 def test_bad_options_are_refused_in_one_line(tmp_path, kw, words):

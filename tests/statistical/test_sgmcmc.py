@@ -163,11 +163,11 @@ def test_rounds_equal_one_run():
     "kwargs,needle",
     [
         (dict(method="nope", step_size=0.1), "method"),
-        (dict(method="sgld", step_size=0.0), "step size"),
+        (dict(method="sgld", step_size=0.0), "--step-size must be"),
         (dict(method="sghmc", step_size=0.1, friction=-1.0), "friction"),
         (dict(method="sghmc", step_size=0.5, friction=3.0), "friction"),
         (dict(method="sgld", step_size=0.1, staleness=-1), "staleness"),
-        (dict(method="sgld", step_size=0.1, staleness_dist="gamma"), "distribution"),
+        (dict(method="sgld", step_size=0.1, staleness_dist="gamma"), "--staleness-dist must be"),
     ],
 )
 def test_bad_settings_give_one_line(kwargs, needle):
@@ -201,9 +201,9 @@ def test_fedhmc_run_sghmc_and_sgld_on_data_and_gaussians(tmp_path):
 @pytest.mark.parametrize(
     "args,needle",
     [
-        (["--staleness", "3"], "sghmc or sgld only"),
+        (["--staleness", "3"], "is not an option of --algorithm fahmc"),
         (["--algorithm", "sghmc", "--backend", "flower"], "engine only"),
-        (["--algorithm", "sgld", "--leapfrog-steps", "4"], "no leapfrog steps"),
+        (["--algorithm", "sgld", "--leapfrog-steps", "4"], "is not an option of --algorithm sgld"),
         (["--algorithm", "sghmc", "--staleness", "-1"], "--staleness"),
     ],
 )

@@ -64,7 +64,7 @@ def test_every_option_against_every_backend_and_model(algorithm):
         for key, value in VALUES.items():
             given = base.replace(**{key: value})
             if key in sampler_options() and key not in own:  # another sampler's option
-                with pytest.raises(ConfigError, match="is not an option of|means --"):
+                with pytest.raises(ConfigError, match="is not an option of"):
                     given.resolve()
             elif key in unused:
                 with pytest.raises(ConfigError, match="^--" + key.replace("_", "-") + " "):
@@ -104,7 +104,7 @@ def test_the_command_line_refuses_an_option_without_effect(cli, tmp_path, argv, 
         (["--anchor-batch-size", "10"], "fahmc"),
         (["--max-staleness", "3"], "fahmc"),
         (["--algorithm", "sgld", "--rho", "0.5"], "sgld"),
-        (["--algorithm", "async-sgld", "--backend", "flower", "--local-steps", "3"], "async-sgld"),
+        (["--algorithm", "async-sgld", "--backend", "flower", "--staleness", "3"], "async-sgld"),
     ],
     ids=lambda a: " ".join(a) if isinstance(a, list) else None,
 )
