@@ -415,7 +415,7 @@ def run_async(method: str, model: str, device, seed: int = 3) -> dict:
         max_staleness=2,
         device=str(device),
     ).resolve()
-    settings = registry.entry(cfg.algorithm).settings(cfg)
+    settings = registry.entry(cfg.algorithm).build_settings(cfg)
     evaluator, net, dim, _ = build_evaluator(cfg, dev)
     theta0 = initial_position(net, dim, cfg, dev)
     workers = range(cfg.num_clients)
