@@ -57,10 +57,10 @@ class Entry:
     fixed
         Settings fields that the name fixes, as (field, value) pairs (``fald``: K = 1).
 
-    What the module declares is read from it: ``PROTOCOLS`` (the ``--protocol`` values it
-    runs under; default ``algorithm3``), ``COLOCATED`` (a Flower simulation's co-located
+    What the module declares is read from it: ``PROTOCOLS`` (the protocols it runs under;
+    default: the paper's Algorithm 3), ``COLOCATED`` (a Flower simulation's co-located
     clients compute a round in one batch, as the engine does) and ``NO_PARTIAL_REASON`` (why
-    it has no ``--clients-per-round``, in the refusal's words).
+    it draws no subset of clients a round, in the words of the refusal).
     """
 
     name: str
