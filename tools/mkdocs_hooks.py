@@ -104,8 +104,7 @@ def options_table() -> str:
 def sampler_options_table() -> list[str]:
     """The Markdown lines of the samplers' options: each option once per meaning, with the
     samplers that give it that meaning (read from their Settings)."""
-    from fedhmc.algorithms import registry
-    from fedhmc.runtime.config import sampler_options
+    from fedhmc.runtime.config import option_meanings, sampler_options
 
     lines = ["", "#### Sampler options", ""]
     lines += [
@@ -116,17 +115,10 @@ def sampler_options_table() -> list[str]:
     lines += ['<div class="options" markdown="1">', ""]
     lines += ["| option | samplers | default | meaning |", "|---|---|---|---|"]
     for name, merged in sampler_options().items():
-        rows: dict[tuple, list[str]] = {}
-        for e in registry.ENTRIES:
-            for o in e.options:
-                if o.name == name:
-                    rows.setdefault((o.help, repr(o.default), o.choices), []).append(e.name)
-        for (text, _, choices), who in rows.items():
-            o = next(o for e in registry.ENTRIES if e.name == who[0] for o in e.options
-                     if o.name == name)  # fmt: skip
-            meaning = _cell(text)
-            if choices and not all(str(c) in meaning for c in choices):
-                meaning += " (one of " + ", ".join(f"`{c}`" for c in choices) + ")"
+        for o, who in option_meanings(name).values():
+            meaning = _cell(o.help)
+            if o.choices and not all(str(c) in meaning for c in o.choices):
+                meaning += " (one of " + ", ".join(f"`{c}`" for c in o.choices) + ")"
             samplers = ", ".join(f"`{w}`" for w in who)
             option = f"`{name}`<br>`{merged.flag}`"
             lines.append(f"| {option} | {samplers} | {_default(o.default)} | {meaning} |")

@@ -24,7 +24,6 @@ from __future__ import annotations
 import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
-from typing import ClassVar
 
 import torch
 
@@ -36,47 +35,16 @@ from fedhmc.core.streams import STREAM_ASYNC_BATCH, STREAM_STALE_NOISE
 
 
 @dataclass(frozen=True)
-class Settings(api.Settings):
-    """The options of an asynchronous chain (``method``, ``sghmc`` or ``sgld``, is fixed by
-    the algorithm's name; SGLD has no friction). Step and friction defaults as in
-    `fedhmc.algorithms.stale.Settings`."""
+class Settings(stale.EulerSettings):
+    """The options of an asynchronous chain: an Euler chain's
+    (`fedhmc.algorithms.stale.EulerSettings`), the staleness bound and the round."""
 
-    STEP_SYMBOL: ClassVar[str] = "h"
-    method: str = "sghmc"
-    step_size: float | None = api.option(
-        None,
-        "h, the Euler step of each server's chain (default: the dataset's η for SGHMC, η²/2 "
-        "for SGLD)",
-        low=0,
-        low_open=True,
-    )
-    friction: float | None = api.option(
-        None, "B, the momentum's friction (default 0.1 / h: B·h = 0.1)", low=0
-    )
-    temperature: float = api.option(
-        1.0, "τ, the posterior temperature: the target is exp(−f/τ)", low=0, low_open=True
-    )
     max_staleness: int = api.option(
         10, "δ, drop a gradient staler than this many server updates", low=0
-    )
-    grad_noise: float = api.option(
-        0.0, "σ_g, the std of the Gaussian noise the workers add to every gradient", low=0
     )
     local_steps: int = api.option(
         10, "the server's updates a round (a round: a row of metrics, a checkpoint)", low=1
     )
-
-    def __post_init__(self) -> None:
-        stale.default_friction(self)
-        super().__post_init__()
-
-    def check(self) -> str | None:
-        if self.method not in stale.METHODS:
-            return f"method must be one of {', '.join(stale.METHODS)}; got {self.method!r}"
-        return stale.friction_refusal(self)
-
-    def with_defaults(self, step_size: float):
-        return stale.euler_defaults(self, step_size)
 
 
 @dataclass

@@ -214,22 +214,11 @@ class Settings(api.Settings):
         return (round_ * T) % period == 0
 
 
-def _whole(x, least: int) -> bool:
-    return isinstance(x, int) and not isinstance(x, bool) and x >= least
-
-
 def _refusal(s: Settings) -> str | None:
     """Why ``s`` cannot run, in one line, or None (each option's own range is checked by
     its declaration)."""
     if s.restart_trajectories and s.sync_unit != "leapfrog":
         return "--restart-trajectories needs --sync-unit leapfrog"
-    if not (s.clients_per_round is None or _whole(s.clients_per_round, 1)):
-        return f"--clients-per-round must be an integer ≥ 1, got {s.clients_per_round}"
-    if s.participation not in PARTICIPATION_SCHEMES:
-        return (
-            f"--participation must be one of {', '.join(PARTICIPATION_SCHEMES)}, got "
-            f"{s.participation!r}"
-        )
     if s.local_steps * max(s.leapfrog_steps + 1, 2 * s.leapfrog_steps) >= 1 << 29:
         return (
             "T·(K + 1) (T·2K with fresh gradients) must be below 2**29 gradient evaluations "

@@ -44,43 +44,16 @@ STALENESS_LAWS = ("fixed", "uniform")
 """The laws of δ_l (``Settings.staleness_dist``)."""
 
 
-def friction_refusal(s) -> str | None:
-    """Why an Euler sampler's friction and step cannot run together (B·h > 1 makes the
-    momentum decay negative), or None."""
-    if s.friction is not None and s.step_size is not None and s.friction * s.step_size > 1:
-        return (
-            f"friction × step size = {s.friction * s.step_size:g} > 1 makes the momentum decay "
-            "negative; lower --friction or --step-size"
-        )
-    return None
-
-
-def default_friction(s) -> None:
-    """Set an Euler sampler's friction left unset (``s``: its frozen settings, being made):
-    0.1 / h for SGHMC, 0 for SGLD."""
-    if s.friction is None and s.step_size is not None:
-        friction = 0.1 / s.step_size if s.method == "sghmc" else 0.0
-        object.__setattr__(s, "friction", float(friction))
-
-
-def euler_defaults(s, step_size: float):
-    """An Euler sampler's settings ``s`` with the run's step where unset: h is the
-    dataset's η (``step_size``) for SGHMC and η²/2 for SGLD (FA-LD's learning rate)."""
-    if s.step_size is not None:
-        return s
-    h = step_size if s.method == "sghmc" else step_size**2 / 2
-    return dataclasses.replace(s, step_size=float(h))
-
-
 StaleGradFn = Callable[[torch.Tensor, int], torch.Tensor]
 """``grad_fn(theta (S, D), l) -> ∇Ũ (S, D)``: the Euler step l selects the minibatch."""
 
 
 @dataclass(frozen=True)
-class Settings(api.Settings):
-    """The options of a stale-gradient SG-MCMC chain on the pooled data (``method``,
-    ``sghmc`` or ``sgld``, is fixed by the algorithm's name; SGLD has no friction). A
-    friction left unset is 0.1 / h for SGHMC (B·h = 0.1) and 0 for SGLD."""
+class EulerSettings(api.Settings):
+    """The options an Euler-step SG-MCMC chain has, here and in the asynchronous samplers
+    (``method``, ``sghmc`` or ``sgld``, is fixed by the algorithm's name; SGLD has no
+    friction). A step left unset is the dataset's η for SGHMC and η²/2 for SGLD (FA-LD's
+    learning rate); a friction left unset is 0.1 / h for SGHMC (B·h = 0.1) and 0 for SGLD."""
 
     STEP_SYMBOL: ClassVar[str] = "h"
     method: str = "sghmc"
@@ -94,31 +67,48 @@ class Settings(api.Settings):
     friction: float | None = api.option(
         None, "B, the momentum's friction (default 0.1 / h: B·h = 0.1)", low=0
     )
-    staleness: int = api.option(0, "δ, the gradient staleness in steps", low=0)
-    staleness_dist: str = api.option(
-        "fixed",
-        "each step's staleness δₗ is δ (fixed) or uniform on {0, …, δ}",
-        choices=STALENESS_LAWS,
-    )
     temperature: float = api.option(
         1.0, "τ, the posterior temperature: the target is exp(−f/τ)", low=0, low_open=True
     )
     grad_noise: float = api.option(
         0.0, "σ_g, the std of the Gaussian noise added to every gradient", low=0
     )
-    local_steps: int = api.option(10, "the Euler steps per round", low=1)
 
     def __post_init__(self) -> None:
-        default_friction(self)
+        if self.friction is None and self.step_size is not None:  # (frozen: being made)
+            friction = 0.1 / self.step_size if self.method == "sghmc" else 0.0
+            object.__setattr__(self, "friction", float(friction))
         super().__post_init__()
 
     def check(self) -> str | None:
         if self.method not in METHODS:
             return f"method must be one of {', '.join(METHODS)}; got {self.method!r}"
-        return friction_refusal(self)
+        if self.friction is not None and self.step_size is not None:
+            if self.friction * self.step_size > 1:
+                return (
+                    f"friction × step size = {self.friction * self.step_size:g} > 1 makes the "
+                    "momentum decay negative; lower --friction or --step-size"
+                )
+        return None
 
     def with_defaults(self, step_size: float):
-        return euler_defaults(self, step_size)
+        if self.step_size is not None:
+            return self
+        h = step_size if self.method == "sghmc" else step_size**2 / 2
+        return dataclasses.replace(self, step_size=float(h))
+
+
+@dataclass(frozen=True)
+class Settings(EulerSettings):
+    """The options of a stale-gradient SG-MCMC chain on the pooled data."""
+
+    staleness: int = api.option(0, "δ, the gradient staleness in steps", low=0)
+    staleness_dist: str = api.option(
+        "fixed",
+        "each step's staleness δₗ is δ (fixed) or uniform on {0, …, δ}",
+        choices=STALENESS_LAWS,
+    )
+    local_steps: int = api.option(10, "the Euler steps per round", low=1)
 
 
 @dataclass(frozen=True)

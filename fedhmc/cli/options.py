@@ -10,9 +10,13 @@ import dataclasses
 import math
 import typing
 
-from fedhmc.algorithms import registry
 from fedhmc.errors import ConfigError, loads_json
-from fedhmc.runtime.config import RunConfig, sampler_options, with_settings_added
+from fedhmc.runtime.config import (
+    RunConfig,
+    option_meanings,
+    sampler_options,
+    with_settings_added,
+)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -105,14 +109,9 @@ def _add_sampler_options(target, only: set[str] | None) -> None:
 
 
 def shared_help(name: str) -> str:
-    """What the run's sampler option ``name`` means for each sampler that declares it in
-    its own Settings ("; qlsd, qlsd-pp: γ, the Langevin step"), or ""."""
-    by_help: dict[str, list[str]] = {}
-    for e in registry.ENTRIES:
-        for o in e.options:
-            if o.name == name:
-                by_help.setdefault(o.help, []).append(e.name)
-    return "".join(f"; {', '.join(who)}: {h}" for h, who in by_help.items())
+    """What the run's setting ``name`` means for each sampler that declares it in its own
+    Settings ("; qlsd, qlsd-pp: S, the clients drawn …"), or ""."""
+    return "".join(f"; {', '.join(who)}: {h}" for h, (_, who) in option_meanings(name).items())
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:

@@ -157,7 +157,6 @@ def sampler_options() -> dict[str, api.Option]:
     or type clashes with what is listed already is left out with a line on stderr."""
     own = {f.name for f in fields(RunConfig)}
     found: dict[str, api.Option] = {}
-    helps: dict[str, dict[str, list[str]]] = {}
     for e in registry.ENTRIES:
         for o in e.options:
             if o.name in own:
@@ -170,11 +169,25 @@ def sampler_options() -> dict[str, api.Option]:
                 )
                 continue
             found.setdefault(o.name, o)
-            helps.setdefault(o.name, {}).setdefault(_sampler_help(e, o), []).append(e.name)
-    for name, by_help in helps.items():
-        text = "; ".join(f"{', '.join(who)}: {h}" for h, who in by_help.items())
-        found[name] = dataclasses.replace(found[name], help=text, default=None)
+    for name, first in found.items():
+        meanings = option_meanings(name).items()
+        text = "; ".join(
+            f"{', '.join(who)}: {h}" for h, (o, who) in meanings if o.type is first.type
+        )
+        found[name] = dataclasses.replace(first, help=text, default=None)
     return found
+
+
+def option_meanings(name: str) -> dict[str, tuple[api.Option, list[str]]]:
+    """What the samplers' option ``name`` means for each: its help line (with its default)
+    → (the option as the first sampler of that meaning declares it, the samplers that give
+    it that meaning), in the registry's order."""
+    out: dict[str, tuple[api.Option, list[str]]] = {}
+    for e in registry.ENTRIES:
+        for o in e.options:
+            if o.name == name:
+                out.setdefault(_sampler_help(e, o), (o, []))[1].append(e.name)
+    return out
 
 
 @functools.cache
@@ -615,14 +628,19 @@ class RunConfig:
 
     def option(self, name: str):
         """The value given for the sampler's option ``name``, or None."""
-        return dict(self.options).get(name)
+        return self._option_values.get(name)
+
+    @functools.cached_property
+    def _option_values(self) -> dict[str, typing.Any]:
+        """``options`` by name (made once: the config is frozen)."""
+        return dict(self.options)
 
     def __getattr__(self, name: str):
         """A sampler's option by its name (``cfg.leapfrog_steps``): its value, the
         sampler's resolved value in a resolved config, or None where it is not given."""
         if name.startswith("_") or name not in sampler_options():
             raise AttributeError(f"RunConfig has no setting {name!r}")
-        return dict(self.__dict__.get("options", ())).get(name)
+        return self._option_values.get(name)
 
     def recorded(self) -> dict[str, typing.Any]:
         """What ``config.json`` records: ``to_dict`` of this resolved config with the
@@ -764,10 +782,10 @@ class RunConfig:
 
     def _resolve_sampler(self, algo: registry.Entry, d: dict) -> RunConfig:
         """The sampler's options checked and filled in: its Settings from the given
-        options (an option it lacks refused in one line naming its own), with the run's
-        defaults where unset (the step size from the dataset's, ``d``); every option's
-        value recorded in ``options``. Also the chains and the pooled data that the kind of
-        sampler implies."""
+        options (an option it lacks refused in one line naming its own: here, before the
+        resolved values replace what was given), with the run's defaults where unset (the
+        step size from the dataset's, ``d``); every option's value recorded in
+        ``options``. Also the chains and the pooled data that the kind of sampler implies."""
         self._check_given_options(algo)
         settings = algo.build_settings(self).with_defaults(d["step_size"])
         run = {f.name for f in fields(self)}
@@ -999,14 +1017,8 @@ class RunConfig:
             "(every client takes part in every round); add --clients-per-round S (1 … N) or "
             "drop --participation",
         )
-        _need(
-            self.participation is None or self.participation in PARTICIPATION_SCHEMES,
-            f"--participation must be one of {', '.join(PARTICIPATION_SCHEMES)}; got "
-            f"{self.participation!r}",
-        )
-        if S is not None:
+        if S is not None:  # (its range and the scheme: the sampler's Settings)
             N = self.num_clients
-            _need(S >= 1, f"--clients-per-round must be ≥ 1, got {S}")
             _need(
                 N is None or S <= N,
                 f"--clients-per-round {S} is more than the {N} clients; give at most {N}",

@@ -24,7 +24,7 @@ ALLOWED = {
     # The stale-gradient and asynchronous samplers' own update rule, ``method`` ("sghmc" or
     # "sgld"): a setting of the module, chosen for it by its registry entry, not a dispatch
     # on ``--algorithm``.
-    ("fedhmc/algorithms/stale.py", 's.method == "sghmc"'),
+    ("fedhmc/algorithms/stale.py", 'self.method == "sghmc"'),
     ("fedhmc/algorithms/stale.py", 'method == "sghmc"'),
     # The sampler comparison (`fedhmc experiment samplers`) states each sampler's cost a
     # round and the settings it tunes: a table of the samplers it compares, by design.
