@@ -87,12 +87,14 @@ def _kept(context: Context) -> dict:
 
 
 def _keep(context: Context, arrays: dict) -> None:
-    """Replace what this node keeps with ``arrays`` (``KEPT`` arrays; none: nothing)."""
-    if KEPT_RECORD in context.state:
-        del context.state[KEPT_RECORD]
-    if arrays:
-        record = ArrayRecord({k[len(KEPT) :]: Array(v) for k, v in arrays.items()})
-        context.state[KEPT_RECORD] = record
+    """Store ``arrays`` (``KEPT`` arrays) in this node's state, each in place of the one of
+    its name; what the round did not change stays."""
+    if not arrays:
+        return
+    old = context.state.get(KEPT_RECORD) if KEPT_RECORD in context.state else None
+    kept = {} if old is None else dict(old.items())
+    kept.update({k[len(KEPT) :]: Array(v) for k, v in arrays.items()})
+    context.state[KEPT_RECORD] = ArrayRecord(kept)
 
 
 def _compute(kind: str, rc: dict, nc: dict, config: dict, arrays: dict):

@@ -17,7 +17,13 @@ import dataclasses
 import torch
 
 from fedhmc.algorithms.api import KEPT
-from fedhmc.algorithms.federated import client_seed, round_clients, round_seed
+from fedhmc.algorithms.federated import (
+    ClientStore,
+    client_seed,
+    round_clients,
+    round_seed,
+    run_clients,
+)
 from fedhmc.runtime import wire
 from fedhmc.runtime.config import RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
@@ -94,37 +100,35 @@ def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[di
 
 
 def kept_from(arrays: dict, device) -> dict:
-    """What a client kept, from the ``KEPT`` arrays of its message: an integer 0-d array
-    as an int, any other as a tensor on ``device``."""
-    out = {}
-    for key, value in arrays.items():
-        if not key.startswith(KEPT):
-            continue
-        if value.ndim == 0 and value.dtype.kind in "iu":
-            out[key[len(KEPT) :]] = int(value)
-        else:
-            out[key[len(KEPT) :]] = torch.as_tensor(value, device=device)
+    """What this client kept, from the ``KEPT`` arrays of its message (its node state's),
+    as `fedhmc.algorithms.federated.run_clients` reads it: its rows (M = 1) on ``device``
+    and ``held``; {} where it kept nothing."""
+    out = {
+        key[len(KEPT) :]: torch.as_tensor(value, device=device)
+        for key, value in arrays.items()
+        if key.startswith(KEPT)
+    }
+    if out:
+        out["held"] = torch.ones(1, dtype=torch.bool, device=device)
     return out
 
 
-def kept_arrays(kept: dict) -> dict:
-    """``kept`` (the algorithm's ``client_keeps``: tensors and ints) as the reply's
-    ``KEPT`` arrays (numpy, on the CPU)."""
-    import numpy as np
-
+def kept_arrays(keeps: dict, c: int) -> dict:
+    """Client ``c``'s rows of what the round's clients keep (``client_keeps``: (S, M, …)
+    or (M,) tensors) as the reply's ``KEPT`` arrays (numpy, on the CPU), for its node
+    state."""
     out = {}
-    for key, value in kept.items():
-        if isinstance(value, torch.Tensor):
-            out[KEPT + key] = value.detach().cpu().numpy()
-        elif value is not None:
-            out[KEPT + key] = np.asarray(int(value), dtype=np.int64)
+    for key, value in keeps.items():
+        rows = value[:, c : c + 1] if value.dim() >= 2 else value[c : c + 1]
+        out[KEPT + key] = rows.detach().cpu().numpy()
     return out
 
 
 def local_update(
     cfg: RunConfig, partition_id: int, config: dict, arrays: dict, private_seed: int | None
 ) -> tuple[dict, dict]:
-    """One round of this client alone: the algorithm's ``client_update`` on its own data.
+    """One round of this client alone: the clients' half of the round
+    (`fedhmc.algorithms.federated.run_clients`) on its own data.
 
     Parameters
     ----------
@@ -157,71 +161,88 @@ def local_update(
     seed = client_seed(cfg.seed, partition_id) if private_seed is None else int(private_seed)
     seeds = torch.tensor([seed], device=cfg.device)
     algorithm = wire.algorithm_entry(config).module
-    kept = algorithm.kept_by_client(message, kept_from(arrays, cfg.device))
-    update = algorithm.client_update(message, target, settings, seeds, **kept)
-    keeps = kept_arrays(algorithm.client_keeps(message, update))
+    kept = kept_from(arrays, cfg.device)
+    update, keeps = run_clients(algorithm, message, target, settings, seeds, kept)
     up = algorithm.layout(settings, message.round).up
     out, values = _reply(moved(update, "cpu"), up, algorithm, 0, n_c)
-    return {**out, **keeps}, values
+    return {**out, **kept_arrays(keeps, 0)}, values
 
 
-# A simulation's co-located clients: the last round computed for all of them at once.
+# A simulation's co-located clients: the last round computed for all of them at once
+# ("round"), and what they keep between rounds, batched ("store").
 _COLOCATED: dict = {}
 
 
 def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: dict):
     """``local_update`` for a client of a Flower simulation, whose clients all live in this
-    process: the first message of a round runs every client's ``client_update`` in one
-    batched computation and the round's other messages take their own rows. Each client's
-    numbers are those of ``local_update`` (the batched engine's); the messages, replies and
-    failures stay per client. Returns None where it does not apply (another round seed
-    than the run's, or an algorithm whose entry does not batch co-located clients), and the
-    caller computes alone.
+    process: the first message of a round runs the clients' half of the round for every
+    one of its clients in one batch, each with what it kept (batched in this process), and
+    the round's other messages take their own rows. Each client's numbers are those of
+    ``local_update`` (the batched engine's); the messages, replies and failures stay per
+    client, and each client's node state gets its rows of what it keeps. Returns None
+    where it does not apply (another round seed than the run's), and the caller computes
+    alone.
     """
     cfg = wire.apply_data(cfg, config)
     round_ = int(config["round"])
-    settings = wire.decode_sampler(config)
-    entry = wire.algorithm_entry(config)
-    if int(config["round-seed"]) != round_seed(cfg.seed, round_) or not entry.batches_colocated:
+    if int(config["round-seed"]) != round_seed(cfg.seed, round_):
         return None
+    settings = wire.decode_sampler(config)
+    algorithm = wire.algorithm_entry(config).module
     num_total = int(config["num-examples-total"])
-    message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
     key = (
         _target_key(cfg, -1, num_total),
         tuple(sorted((k, str(v)) for k, v in config.items())),
     )
-    sent = (message.position, message.momentum, message.origin)
+    sent = {k: v for k, v in arrays.items() if not k.startswith(KEPT)}
     last = _COLOCATED.get("round")
-    if not (
-        last is not None
-        and last[0] == key
-        and all(_same(a, b) for a, b in zip(last[1], sent, strict=True))
-    ):
-        last = (key, sent, *_colocated_round(cfg, entry.module, message, settings, num_total))
+    if last is None or last[0] != key or not _same_arrays(last[1], sent):
+        message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
+        last = (key, sent, *_colocated_round(cfg, algorithm, message, settings, num_total))
         _COLOCATED["round"] = last
-    _, _, update, counts, ids = last
+    _, _, update, keeps, counts, ids = last
     if partition_id not in ids:
         return None
     c = ids.index(partition_id)
-    up = entry.module.layout(settings, round_).up
-    return _reply(update, up, entry.module, c, int(counts[c]) if counts is not None else 1)
+    up = algorithm.layout(settings, round_).up
+    out, values = _reply(update, up, algorithm, c, int(counts[c]) if counts is not None else 1)
+    return {**out, **kept_arrays(keeps, c)}, values
 
 
 def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: int):
-    """(update on the CPU, n_c of the round's clients, their ids) of every drawn co-located
-    client, computed in one batch."""
+    """(update on the CPU, what the clients keep, n_c of the round's clients, their ids) of
+    every drawn co-located client, computed in one batch with what they kept."""
     target = colocated_target(cfg, num_total)
     # The engine's thread count for this round (--threads auto): a batched reduction
     # may round differently at another count, and the chain must be the engine's.
     apply_threads("auto", round_work(target, cfg))
     drawn = message.client_ids
     ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
-    target, seeds = round_clients(cfg.seed, message, target)
-    update = moved(algorithm.client_update(message, target, settings, seeds), "cpu")
-    counts = getattr(target, "counts", None)
+    store = _colocated_store(cfg, algorithm, settings, message.round, target.num_clients)
+    computing, seeds = round_clients(cfg.seed, message, target)
+    update, keeps = run_clients(algorithm, message, computing, settings, seeds, store.take(drawn))
+    if keeps:
+        store = store.put(drawn, keeps)
+    _COLOCATED["store"] = (_store_key(cfg, algorithm, settings), message.round, store)
+    counts = getattr(computing, "counts", None)
     if isinstance(counts, torch.Tensor):  # one transfer, not one per client
         counts = counts.tolist()
-    return update, counts, ids
+    return moved(update, "cpu"), keeps, counts, ids
+
+
+def _store_key(cfg: RunConfig, algorithm, settings) -> tuple:
+    return (_target_key(cfg, -1, None), algorithm.__name__, repr(settings))
+
+
+def _colocated_store(cfg: RunConfig, algorithm, settings, round_: int, num_clients: int):
+    """What the co-located clients kept of the last round of this run, batched: the store
+    of round ``round_`` − 1 of the same run, else an empty one (a new run, or one resumed
+    in a new process: its clients kept nothing here)."""
+    saved = _COLOCATED.get("store")
+    if saved is not None and saved[0] == _store_key(cfg, algorithm, settings):
+        if saved[1] == round_ - 1:
+            return saved[2]
+    return ClientStore.empty(num_clients, cfg.device)
 
 
 def colocated_target(cfg: RunConfig, num_total: int | None = None):
@@ -238,10 +259,14 @@ def colocated_target(cfg: RunConfig, num_total: int | None = None):
     return target
 
 
-def _same(a, b) -> bool:
-    if a is None or b is None:
-        return a is None and b is None
-    return a.shape == b.shape and torch.equal(a, b)
+def _same_arrays(a: dict, b: dict) -> bool:
+    """Whether two messages' arrays are the same (names, shapes, dtypes, values)."""
+    import numpy as np
+
+    return a.keys() == b.keys() and all(
+        a[k].shape == b[k].shape and a[k].dtype == b[k].dtype and np.array_equal(a[k], b[k])
+        for k in a
+    )
 
 
 def num_examples(cfg: RunConfig, partition_id: int) -> int:

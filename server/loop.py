@@ -1,13 +1,14 @@
 """The federated server: broadcast θ̄, collect the clients' replies, combine, evaluate.
 
-Each round it asks the algorithm (its registry entry's module) for the round's Broadcast,
-sends it to the round's clients as one message (the arrays its ``layout`` names as an
-ArrayRecord; the round, the round seed and the sampler settings as a ConfigRecord),
-validates the replies (``fedhmc.core.aggregate.validate_reply``), stacks them in partition
-order and hands them to ``fedhmc.algorithms.federated.finish``: the algorithm's own rule
-for combining them (weights n_c renormalised over the clients that replied, or partial
-participation's coefficients) and its ``server_update``, the functions the engine's
-``step`` ends with. The loop between rounds (sample collection, metrics, files) is the
+Each round it opens the round (``fedhmc.algorithms.federated.open_round``: the sampler's
+Broadcast), sends it to the round's clients as one message (the arrays its ``layout``
+names as an ArrayRecord; the round, the round seed and the sampler settings as a
+ConfigRecord), validates the replies (``fedhmc.core.aggregate.validate_reply``), stacks
+them in partition order and closes the round with them
+(``fedhmc.algorithms.federated.close_round``: the sampler's own rule for combining them,
+weights n_c renormalised over the clients that replied or partial participation's
+coefficients, and its ``server_update``): the server's half of the round the engine's
+``step`` runs too. The loop between rounds (sample collection, metrics, files) is the
 one the engine runs too (`fedhmc.runtime.loop.run_loop`), so the output files are the same.
 
 The server computes on the run's device (``--device``): its evaluator, θ̄ and the
@@ -102,9 +103,9 @@ def serve(
 class RoundServer:
     """The Flower backend of a synchronous federated run: each round, the algorithm's
     Broadcast goes to the round's clients, their replies are validated and stacked in
-    partition order, and `fedhmc.algorithms.federated.finish` combines them by the
-    algorithm's rule (the function the engine's ``step`` ends with). θ̄ is the algorithm's
-    state's."""
+    partition order, and `fedhmc.algorithms.federated.close_round` combines them by the
+    algorithm's rule (the server's half of the round, as the engine's ``step`` runs it).
+    θ̄ is the algorithm's state's."""
 
     name = "flower"
 
@@ -143,7 +144,9 @@ class RoundServer:
         from fedhmc.runtime.loop import RoundStats
         from fedhmc.runtime.problem import bits_up_per_round
 
-        message = self.algorithm.broadcast(self.cfg.seed, self.state, self.settings, self.weights)
+        message = federated.open_round(
+            self.algorithm, self.cfg.seed, self.state, self.settings, self.weights
+        )
         layout = self.algorithm.layout(self.settings, r)  # the arrays down and up
         content = self._messages(message, layout)
         t0 = time.monotonic()
@@ -170,7 +173,7 @@ class RoundServer:
             if stats.finite:
                 self._no_reply(failed, r)
         update, weights, replied = self._stacked(message, replies.accepted)
-        self.state, info = federated.finish(
+        self.state, info = federated.close_round(
             self.algorithm, self.state, self.settings, message, update, weights, replied
         )
         if info is not None:
@@ -297,7 +300,7 @@ class RoundServer:
         )
 
     def _stacked(self, message, accepted: list):
-        """(update, weights, replied) of the accepted replies for ``federated.finish``:
+        """(update, weights, replied) of the accepted replies for ``close_round``:
         the stacked update (None: no reply), their n_c, and under partial participation
         the mask of the drawn clients that replied."""
         import torch

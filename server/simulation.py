@@ -76,11 +76,10 @@ def run_flower(cfg: RunConfig, progress: bool = True, client_app=None, on_round=
     if threading.current_thread() is threading.main_thread():
         for sig in (signal.SIGINT, signal.SIGTERM):
             old_handlers[sig] = signal.signal(sig, on_signal)
-    # The virtual clients share this machine: plain FA-HMC (and FA-LD, FA-HMC with K = 1)
-    # computes each round in one batch, in one Ray worker with every core and, under
-    # --device cuda, a GPU (fedhmc_clients.task.colocated_update; the resources:
-    # client_resources).
-    colocated = client_app is None and registry.find(cfg.algorithm).batches_colocated
+    # The virtual clients share this machine: a federated sampler's clients compute each
+    # round in one batch, in one Ray worker with every core and, under --device cuda, a GPU
+    # (fedhmc_clients.task.colocated_update; the resources: client_resources).
+    colocated = client_app is None and registry.find(cfg.algorithm).federated
     client = client_app or make_client_app({**cfg.to_run_config(), COLOCATED_KEY: colocated})
     from fedhmc_server.flower_log import FlowerOutput
     from fedhmc_server.reaper import start_reaper

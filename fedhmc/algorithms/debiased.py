@@ -53,7 +53,6 @@ __all__ = [
     "init",
     "client_keeps",
     "kept_by_client",
-    "kept_by_server",
     "layout",
     "server_update",
     "skip",
@@ -110,15 +109,15 @@ REPLY = {"theta": "position", "grad": "local_grad"}
 class State:
     """Debiased FA-HMC between rounds: θ̄ (S, D) after ``round`` rounds and, from round 2
     on, the anchor: the round ``anchor_round`` in which θ_a was sent, θ_a (S, D), the
-    global gradient ∇f(θ_a) (S, D), and the clients' local gradients ∇f^(c)(θ_a)
-    (S, N, D) as their updates carried them."""
+    global gradient ∇f(θ_a) (S, D); on the engine, what its clients keep (``clients``:
+    their local gradients at θ_a)."""
 
     position: torch.Tensor
     round: int = 0
     anchor_round: int | None = None
     anchor_position: torch.Tensor | None = None
     anchor_grad: torch.Tensor | None = None
-    anchor_local: torch.Tensor | None = None
+    clients: federated.ClientStore | None = None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
@@ -194,32 +193,24 @@ def server_update(
         anchor_round=new.round,
         anchor_position=state.position,
         anchor_grad=average(update.local_grad, how),
-        anchor_local=update.local_grad,
     ), info
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """The batched clients' local gradients at θ_a, as their last updates carried them."""
-    return {"anchor_local": state.anchor_local}
-
-
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """What a client process keeps of its round for the next: the position it was sent,
-    that round, and its local gradient there (the next round's anchor, if all goes well)."""
-    return {"round": message.round, "position": message.position, "grad": update.local_grad}
+    """What each client keeps of its round for the next: its local gradient at the θ̄ it
+    was sent (the next round's anchor, if all goes well) and that round."""
+    M = int(update.local_grad.shape[1])
+    rounds = torch.full((M,), message.round, dtype=torch.int64, device=update.local_grad.device)
+    return {"anchor_round": rounds, "anchor_local": update.local_grad}
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """A client process's local gradient at θ_a when what it ``kept`` (``client_keeps`` of
-    its last round, or {}) is of the round that sent θ_a: the same value it would
-    recompute."""
-    if not kept or message.anchor_position is None:
+    """The clients' local gradients at θ_a where every one of them kept its own of the
+    round that sent θ_a: the values they would recompute (else they recompute them)."""
+    if message.anchor_position is None:
         return {}
-    if kept["round"] != message.anchor_round or not torch.equal(
-        kept["position"], message.anchor_position
-    ):
-        return {}
-    return {"anchor_local": kept["grad"]}
+    valid = kept["held"] & (kept["anchor_round"] == message.anchor_round)
+    return {"anchor_local": kept["anchor_local"]} if bool(valid.all()) else {}
 
 
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:

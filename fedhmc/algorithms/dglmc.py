@@ -135,11 +135,13 @@ REPLY = {"z": "z"}
 class State:
     """The server's state after ``round`` rounds: θ_k (S, D), the run's sample, and the
     clients' copies z_c (S, N, D) as last received (None before any arrived: every copy is
-    then θ₀, which ``position`` still is)."""
+    then θ₀, which ``position`` still is); on the engine, what its clients keep
+    (``clients``: their own copies)."""
 
     position: torch.Tensor
     round: int = 0
     z: torch.Tensor | None = None
+    clients: federated.ClientStore | None = None
 
 
 @dataclass(frozen=True)
@@ -250,22 +252,18 @@ def skip(state: State, settings: Settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """The clients' copies z_c (S, N, D), as the batched state holds them (none before
-    any arrived)."""
-    return {} if state.z is None else {"z": state.z}
-
-
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """What one client process keeps of its round: its copy z_c."""
+    """What each client keeps of its round: its copy z_c."""
     return {"z": update.z}
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """A client process's copy z_c, except in round 1 (a new run: it starts from θ₀)."""
+    """The clients' copies z_c, except in round 1 (a new run: they start from θ₀); a client
+    that kept none starts from θ_k."""
     if message.start is not None or "z" not in kept:
         return {}
-    return {"z": kept["z"]}
+    held = kept["held"].view(1, -1, 1)
+    return {"z": torch.where(held, kept["z"], message.position.unsqueeze(1))}
 
 
 def resumes_on_flower(settings: Settings) -> bool:

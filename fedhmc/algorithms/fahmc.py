@@ -57,10 +57,6 @@ PROTOCOLS = ("algorithm3", "authors")
 """The ``--protocol`` values FA-HMC runs under: the paper's Algorithm 3 and what the authors'
 experiment code runs."""
 
-COLOCATED = True
-"""A Flower simulation's co-located clients compute a round in one batch, as the engine
-does (``clients/task.colocated_update``)."""
-
 
 @dataclass(frozen=True)
 class Segment:
@@ -434,8 +430,9 @@ def local_iterations(
 #     state, info = server_update(state, update, combination, settings) the server
 #
 # ``step`` is the three in a row with every client batched (the engine); the Flower
-# ServerApp calls ``broadcast`` and ``federated.finish`` around its messages, and each
-# ClientApp calls ``client_update`` on its own data.
+# ServerApp opens and closes the round (``federated.open_round``/``close_round``) around
+# its messages, and the clients' half (``federated.run_clients``) runs each ClientApp's
+# client on its own data, or a simulation's co-located clients batched.
 
 
 @dataclass(frozen=True)
@@ -773,21 +770,6 @@ def skip(state, settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """FA-HMC's clients keep nothing between rounds."""
-    return {}
-
-
-def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """What a client process keeps of its round for the next: FA-HMC's, nothing."""
-    return {}
-
-
-def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """FA-HMC's clients keep nothing between rounds."""
-    return {}
-
-
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One communication round of FA-HMC, every client and chain batched: ``broadcast``,
     ``client_update`` of the round's clients, ``server_update`` (``seed``: the run's)."""
@@ -817,9 +799,6 @@ __all__ = [
     "data_keys",
     "energy_error_sign",
     "init",
-    "client_keeps",
-    "kept_by_client",
-    "kept_by_server",
     "layout",
     "local_iterations",
     "round_clients",

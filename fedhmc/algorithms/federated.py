@@ -1,4 +1,5 @@
-"""A federated round, composed once: ``broadcast → client_update → server_update``.
+"""A federated round, written once: the server opens it, the round's clients run, the
+server closes it from the replies that arrived.
 
 A federated sampler is a module with these functions (FA-HMC's, ``fedhmc.algorithms.fahmc``,
 is the model; debiased FA-HMC's adds its anchor):
@@ -14,20 +15,26 @@ settings)``
                                                 `Coefficients` (the rule for failed clients)
 ``skip(state, settings)``                       a round in which no reply arrived
 ``layout(settings, round_)``                    the arrays of the round's message and replies
-``kept_by_server(state, message)``              what the round's batched clients kept, as
-                                                the state holds it (keyword arguments of
-                                                ``client_update``)
-``client_keeps(message, update)``               what one client process keeps of a round
-``kept_by_client(message, kept)``               what it kept of its last round, as keyword
-                                                arguments of ``client_update``, where it
-                                                still applies
-``step(seed, state, target, settings)``         ``step`` below, the three in a row
+``client_keeps(message, update)``               optional: what each of the round's clients
+                                                keeps for its next round (never sent)
+``kept_by_client(message, kept)``               optional: what the round's clients kept, as
+                                                keyword arguments of ``client_update``,
+                                                where it still applies
+``step(seed, state, target, settings)``         `step` below: one round, batched
 ==============================================  ============================================
 
-The engine's ``step`` ([`step`][fedhmc.algorithms.federated.step]), the Flower ServerApp
-(its replies in place of the batched clients: [`finish`][fedhmc.algorithms.federated.finish])
-and the ClientApp (``client_update`` on its own data) all compose these same functions; a
-new federated sampler is its module and its registry entry.
+The round's two halves are written here once: the server's,
+[`open_round`][fedhmc.algorithms.federated.open_round] and
+[`close_round`][fedhmc.algorithms.federated.close_round], and the clients',
+[`run_clients`][fedhmc.algorithms.federated.run_clients]. The engine's `step` calls the
+three in a row with every client batched; the Flower ServerApp opens and closes rounds
+around its message exchange; a deployed ClientApp runs its one client, and a simulation's
+co-located clients run batched in one call.
+
+What a client keeps between rounds (``client_keeps``) is carried the same way on every
+path: batched over the clients in a [`ClientStore`][fedhmc.algorithms.federated.ClientStore]
+(the engine's, in the State's ``clients`` field, saved in its checkpoint; the co-located
+clients' of a Flower simulation), or one client's rows in its Flower node state.
 
 Pure PyTorch: no Flower import.
 """
@@ -47,13 +54,16 @@ __all__ = [
     "Coefficients",
     "Layout",
     "Weights",
+    "ClientStore",
     "client_seed",
     "client_seeds",
-    "finish",
-    "round_clients",
+    "close_round",
+    "open_round",
     "private_keys",
     "replied_clients",
+    "round_clients",
     "round_seed",
+    "run_clients",
     "stack_updates",
     "step",
 ]
@@ -171,8 +181,88 @@ def round_clients(seed: int, message, target):
     return computing, client_seeds(seed, ids, device)
 
 
-def finish(algorithm: ModuleType, state, settings, message, update, weights, replied=None):
-    """The server's side of a round from the replies that arrived.
+@dataclass(frozen=True)
+class ClientStore:
+    """What N clients keep between rounds, batched: each array of the sampler's
+    ``client_keeps`` with the N clients on its client axis (axis 1 of an (S, N, …) array,
+    axis 0 of an (N,) one), and ``held`` (N,), the clients that have kept anything. A
+    client that has not reads zeros in its rows."""
+
+    arrays: dict
+    held: torch.Tensor
+
+    def take(self, ids: torch.Tensor | None) -> dict:
+        """What the clients ``ids`` (None: all N) kept, as ``kept_by_client`` reads it:
+        their rows and their ``held`` mask; {} where none of them kept anything."""
+        held = self.held if ids is None else self.held[ids]
+        if not bool(held.any()):
+            return {}
+        out = {k: _rows(v, ids) for k, v in self.arrays.items()}
+        return {**out, "held": held}
+
+    def put(self, ids: torch.Tensor | None, keeps: dict) -> ClientStore:
+        """This store with the rows of clients ``ids`` (None: all) replaced by ``keeps``."""
+        arrays = dict(self.arrays)
+        for k, v in keeps.items():
+            axis = _client_axis(v)
+            old = arrays.get(k)
+            if old is None:
+                shape = list(v.shape)
+                shape[axis] = int(self.held.shape[0])
+                old = v.new_zeros(shape)
+            arrays[k] = _with_rows(old, ids, v, axis)
+        held = self.held.clone()
+        held[slice(None) if ids is None else ids] = True
+        return ClientStore(arrays, held)
+
+    @staticmethod
+    def empty(num_clients: int, device=None) -> ClientStore:
+        """A store of ``num_clients`` clients that have kept nothing yet."""
+        return ClientStore({}, torch.zeros(num_clients, dtype=torch.bool, device=device))
+
+
+def _client_axis(x: torch.Tensor) -> int:
+    return 1 if x.dim() >= 2 else 0
+
+
+def _rows(x: torch.Tensor, ids: torch.Tensor | None) -> torch.Tensor:
+    if ids is None:
+        return x
+    return x[:, ids] if _client_axis(x) == 1 else x[ids]
+
+
+def _with_rows(x: torch.Tensor, ids, rows: torch.Tensor, axis: int) -> torch.Tensor:
+    if ids is None:
+        return rows.clone()
+    x = x.clone()
+    if axis == 1:
+        x[:, ids] = rows
+    else:
+        x[ids] = rows
+    return x
+
+
+def open_round(algorithm: ModuleType, seed: int, state, settings, weights):
+    """The server's half of a round, first part: the message of the next round of run
+    ``seed`` to the clients of weights ``weights`` (N,) (the sampler's ``broadcast``)."""
+    return algorithm.broadcast(seed, state, settings, weights)
+
+
+def run_clients(algorithm: ModuleType, message, target, settings, seeds, kept=None):
+    """The clients' half of a round: the round's clients of ``target`` (private ``seeds``
+    (M,)), each with what it ``kept`` of its last round (batched over the M clients, as
+    `ClientStore.take` gives it; {} or None: nothing). Returns (the update, what each of
+    them keeps for its next round: ``client_keeps``, {} for a sampler without)."""
+    reads = getattr(algorithm, "kept_by_client", None)
+    given = reads(message, kept) if kept and reads is not None else {}
+    update = algorithm.client_update(message, target, settings, seeds, **given)
+    keeps = getattr(algorithm, "client_keeps", None)
+    return update, ({} if keeps is None else keeps(message, update))
+
+
+def close_round(algorithm: ModuleType, state, settings, message, update, weights, replied=None):
+    """The server's half of a round, second part: the new state from the replies that
+    arrived.
 
     ``update`` stacks them in client order (None: none arrived, and the round is skipped);
     ``weights`` (M,) are their weights (n_c or w_c) in the same order, and ``replied`` the
@@ -185,11 +275,22 @@ def finish(algorithm: ModuleType, state, settings, message, update, weights, rep
 
 
 def step(algorithm: ModuleType, seed: int, state, target, settings):
-    """One round of ``algorithm`` with every client and chain batched (the engine):
-    ``broadcast``, ``client_update`` of the round's clients, ``server_update``."""
-    message = algorithm.broadcast(seed, state, settings, target.weights)
+    """One round of ``algorithm`` with every client and chain batched (the engine): the
+    server opens it, the round's clients run with what they kept (the State's ``clients``
+    store), the server closes it."""
+    message = open_round(algorithm, seed, state, settings, target.weights)
     computing, seeds = round_clients(seed, message, target)
-    update = algorithm.client_update(
-        message, computing, settings, seeds, **algorithm.kept_by_server(state, message)
-    )
-    return finish(algorithm, state, settings, message, update, target.weights)
+    store = getattr(state, "clients", None)
+    kept = None if store is None else store.take(message.client_ids)
+    update, keeps = run_clients(algorithm, message, computing, settings, seeds, kept)
+    new, info = close_round(algorithm, state, settings, message, update, target.weights)
+    if keeps:
+        if "clients" not in getattr(type(new), "__dataclass_fields__", {}):
+            raise TypeError(
+                f"{algorithm.__name__}: its clients keep {sorted(keeps)} between rounds, so its "
+                "State needs a field `clients: federated.ClientStore | None = None`"
+            )
+        if store is None:
+            store = ClientStore.empty(target.num_clients, message.position.device)
+        new = dataclasses.replace(new, clients=store.put(message.client_ids, keeps))
+    return new, info

@@ -124,15 +124,14 @@ REPLY = {
 @dataclass(frozen=True)
 class State:
     """The server's state after ``round`` rounds (−1: before the set-up): θ (S, D), the
-    sums Σ_j Λ_j and Σ_j Λ_j μ_j (S, D) after the set-up, and in a run whose clients are
-    batched with the server (the engine) their surrogates (S, N, D) each."""
+    sums Σ_j Λ_j and Σ_j Λ_j μ_j (S, D) after the set-up; on the engine, what its clients
+    keep (``clients``: their surrogates)."""
 
     position: torch.Tensor
     round: int = -1
     precision_sum: torch.Tensor | None = None
     shift_sum: torch.Tensor | None = None
-    means: torch.Tensor | None = None
-    precisions: torch.Tensor | None = None
+    clients: federated.ClientStore | None = None
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
@@ -282,8 +281,6 @@ def server_update(
             round=r,
             precision_sum=lam.sum(dim=1),
             shift_sum=(lam * mu).sum(dim=1),
-            means=mu,
-            precisions=lam,
         )
         finite = bool(torch.isfinite(new.shift_sum).all() and torch.isfinite(lam).all())
         return new, Info(int(update.grad_evals), finite, int(how.clients.shape[0]))
@@ -298,19 +295,11 @@ def skip(state: State, settings: Settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """The drawn client's surrogate, from the batched state (the engine)."""
-    if message.round <= 0 or state.means is None:
-        return {}
-    ids = message.client_ids
-    return {
-        "surrogate_mean": state.means[:, ids],
-        "surrogate_precision": state.precisions[:, ids],
-    }
-
-
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """A client keeps its surrogate between rounds."""
+    """A client keeps the surrogate it fitted in the set-up round (the rounds after change
+    nothing it keeps)."""
+    if message.round > 0:
+        return {}
     return {
         "surrogate_mean": update.surrogate_mean,
         "surrogate_precision": update.surrogate_precision,
@@ -318,7 +307,10 @@ def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """A client process's surrogate, from its node state."""
+    """The drawn client's surrogate (none: it missed the set-up, refused by
+    ``client_update``)."""
+    if not bool(kept["held"].all()):
+        return {}
     return {k: kept[k] for k in ("surrogate_mean", "surrogate_precision") if k in kept}
 
 

@@ -172,18 +172,16 @@ coordinate."""
 
 @dataclass(frozen=True)
 class State:
-    """The server's state after ``round`` rounds: θ (S, D); QLSD++'s memories m_c
-    (S, N, D); the reference θ* (S, D) and its round; and, in a run whose clients are
-    batched with the server (the engine), the clients' kept ∇f^(c)(θ*) (S, N, D) with the
-    reference round each was computed for (N,)."""
+    """The server's state after ``round`` rounds: θ (S, D); its copy of QLSD++'s memories
+    m_c (S, N, D); the reference θ* (S, D) and its round; on the engine, what its clients
+    keep (``clients``: their memories, and their ∇f^(c)(θ*) with its round)."""
 
     position: torch.Tensor
     round: int = 0
     memory: torch.Tensor | None = None
     reference: torch.Tensor | None = None
     reference_round: int | None = None
-    reference_grads: torch.Tensor | None = None
-    reference_rounds: torch.Tensor | None = None
+    clients: federated.ClientStore | None = None
 
 
 @dataclass(frozen=True)
@@ -335,27 +333,9 @@ def server_update(
     chains = torch.arange(S, device=theta.device)
     xi = rng.normal(rng.derive(how.round_seed, STREAM_QLSD_NOISE, chains), 0, D, theta.dtype)
     position = theta - gamma * (how.num_clients / M) * total + math.sqrt(2 * gamma) * xi
-    grads, rounds = _kept_reference(state, update, how)
-    new = State(
-        position, state.round + 1, memory, how.reference, how.reference_round, grads, rounds
-    )
+    new = State(position, state.round + 1, memory, how.reference, how.reference_round)
     finite = bool(torch.isfinite(position).all())
     return new, Info(int(update.grad_evals), finite, M)
-
-
-def _kept_reference(state: State, update: ClientUpdate, how: Combination):
-    """The batched clients' ∇f^(c)(θ*) and their reference rounds, with this round's."""
-    if update.reference_grad is None:
-        return state.reference_grads, state.reference_rounds
-    grads, rounds = state.reference_grads, state.reference_rounds
-    S, M, D = update.reference_grad.shape
-    if grads is None:
-        grads = update.reference_grad.new_zeros(S, how.num_clients, D)
-        rounds = torch.zeros(how.num_clients, dtype=torch.int64, device=grads.device)
-    grads, rounds = grads.clone(), rounds.clone()
-    grads[:, how.clients] = update.reference_grad
-    rounds[how.clients] = int(how.reference_round)
-    return grads, rounds
 
 
 def skip(state: State, settings: Settings) -> State:
@@ -363,41 +343,32 @@ def skip(state: State, settings: Settings) -> State:
     return dataclasses.replace(state, round=state.round + 1)
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """What the round's clients kept, as the batched state holds it: QLSD++'s m_c, and
-    ∇f^(c)(θ*) where every drawn client holds the message's reference's."""
-    ids = message.client_ids
-    out = {}
-    if state.memory is not None:
-        out["memory"] = state.memory if ids is None else state.memory[:, ids]
-    if state.reference_grads is not None and message.reference_round is not None:
-        rounds = state.reference_rounds if ids is None else state.reference_rounds[ids]
-        grads = state.reference_grads
-        out["reference_grad"] = grads if ids is None else grads[:, ids]
-        out["reference_valid"] = rounds == message.reference_round
-    return out
-
-
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """What one client process keeps of its round: QLSD++'s memory and ∇f^(c)(θ*) with the
-    reference round."""
+    """What each client keeps of its round: QLSD++'s memory m_c, and ∇f^(c)(θ*) with the
+    reference round it is of."""
     out = {}
     if update.memory is not None:
         out["memory"] = update.memory
     if update.reference_grad is not None:
+        M = int(update.reference_grad.shape[1])
+        device = update.reference_grad.device
         out["reference_grad"] = update.reference_grad
-        out["reference_round"] = message.reference_round
+        out["reference_round"] = torch.full(
+            (M,), int(message.reference_round), dtype=torch.int64, device=device
+        )
     return out
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """A client process's memory, and its ∇f^(c)(θ*) where it is of the message's
-    reference."""
+    """The clients' memories (zero for a client that kept none), and their ∇f^(c)(θ*)
+    where it is of the message's reference (``reference_valid``; the others compute
+    theirs)."""
     out = {}
     if "memory" in kept:
         out["memory"] = kept["memory"]
-    if kept.get("reference_round") == message.reference_round and "reference_grad" in kept:
+    if "reference_grad" in kept and message.reference_round is not None:
         out["reference_grad"] = kept["reference_grad"]
+        out["reference_valid"] = kept["held"] & (kept["reference_round"] == message.reference_round)
     return out
 
 

@@ -58,9 +58,8 @@ class Entry:
         Settings fields that the name fixes, as (field, value) pairs (``fald``: K = 1).
 
     What the module declares is read from it: ``PROTOCOLS`` (the protocols it runs under;
-    default: the paper's Algorithm 3), ``COLOCATED`` (a Flower simulation's co-located
-    clients compute a round in one batch, as the engine does) and ``NO_PARTIAL_REASON`` (why
-    it draws no subset of clients a round, in the words of the refusal).
+    default: the paper's Algorithm 3) and ``NO_PARTIAL_REASON`` (why it draws no subset of
+    clients a round, in the words of the refusal).
     """
 
     name: str
@@ -143,13 +142,6 @@ class Entry:
         if self.module_path is None:
             return (ALGORITHM3,)
         return tuple(getattr(self.module, "PROTOCOLS", (ALGORITHM3,)))
-
-    @property
-    def batches_colocated(self) -> bool:
-        """A Flower simulation's co-located clients compute a round in one batch
-        (``clients/task.colocated_update``), as the engine does (the module's
-        ``COLOCATED``)."""
-        return self.module_path is not None and bool(getattr(self.module, "COLOCATED", False))
 
     @property
     def no_partial_reason(self) -> str:

@@ -89,18 +89,6 @@ def server_update(state, update, how, settings):
     return State(average(update.position, how), state.round + 1), round_info(update)
 
 
-def kept_by_server(state, message):
-    return {}
-
-
-def client_keeps(message, update):
-    return {}
-
-
-def kept_by_client(message, kept):
-    return {}
-
-
 def step(seed, state, target, settings):
     return federated.step(sys.modules[__name__], seed, state, target, settings)
 

@@ -44,9 +44,12 @@ def last_round(target, debiased, correct=True):
     for _ in range(rounds):
         state, _ = algorithm.step(0, state, target, settings)
         if debiased and not correct:  # a control variate of zero: ∇f(θ_a) = ∇f^(c)(θ_a)
-            local = state.anchor_local
-            zero = torch.zeros_like(local[:, 0])
-            state = dataclasses.replace(state, anchor_grad=zero, anchor_local=0 * local)
+            kept = state.clients.arrays
+            zero = torch.zeros_like(kept["anchor_local"][:, 0])
+            clients = dataclasses.replace(
+                state.clients, arrays={**kept, "anchor_local": 0 * kept["anchor_local"]}
+            )
+            state = dataclasses.replace(state, anchor_grad=zero, clients=clients)
     return state.position.flatten()
 
 
@@ -90,7 +93,7 @@ def test_round_one_is_plain_fahmc_and_later_rounds_are_not():
     assert info_d.grad_evals == info_p.grad_evals + 2 * 4  # one anchor gradient per client
     # The control variates average to zero over clients (Σ w_c (∇f − ∇f^(c)) = 0).
     w = target.weights.view(1, -1, 1)
-    correction = deb.anchor_grad.unsqueeze(1) - deb.anchor_local
+    correction = deb.anchor_grad.unsqueeze(1) - deb.clients.arrays["anchor_local"]
     assert float((correction * w).sum(1).abs().max()) < 1e-12
     plain2, _ = fahmc.step(7, plain, target, s)
     deb2, _ = debiased_fahmc.step(7, deb, target, s)

@@ -44,11 +44,11 @@ def _messages(cfg, rounds):
     for _ in range(rounds):
         message = module.broadcast(cfg.seed, state, settings, target.weights)
         computing, seeds = federated.round_clients(cfg.seed, message, target)
-        kept = module.kept_by_server(state, message)
-        update = module.client_update(message, computing, settings, seeds, **kept)
+        store = getattr(state, "clients", None)
+        kept = None if store is None else store.take(message.client_ids)
+        update, _ = federated.run_clients(module, message, computing, settings, seeds, kept)
         yield message, update, settings, module
-        how = module.combination(message, target.weights)
-        state, _ = module.server_update(state, update, how, settings)
+        state, _ = module.step(cfg.seed, state, target, settings)
 
 
 @pytest.mark.parametrize("name", ROUND_ALGORITHMS)
@@ -120,7 +120,7 @@ def test_a_round_without_replies_is_skipped_by_the_algorithm():
     module, settings = registry.algorithm_of(cfg)
     state = module.init(torch.ones(cfg.chains, cfg.dim), settings)
     message = module.broadcast(cfg.seed, state, settings, torch.ones(3) / 3)
-    new, info = federated.finish(module, state, settings, message, None, None)
+    new, info = federated.close_round(module, state, settings, message, None, None)
     assert info is None and new.round == 1 and torch.equal(new.position, state.position)
 
 
@@ -150,3 +150,33 @@ def test_settings_refuse_a_bad_value_when_built(bad):
     module.Settings(**good)  # the good values pass
     with pytest.raises(ConfigError):
         module.Settings(**{**good, **bad})
+
+
+def test_a_client_store_keeps_each_clients_rows():
+    store = federated.ClientStore.empty(4)
+    assert store.take(None) == {} and store.take(torch.tensor([1, 2])) == {}
+    ids = torch.tensor([3, 1])
+    z = torch.arange(12.0).view(2, 2, 3)  # (S, M, D) of clients 3 and 1
+    rounds = torch.tensor([7, 7])  # (M,)
+    store = store.put(ids, {"z": z, "round": rounds})
+    got = store.take(torch.tensor([1, 0, 3]))
+    assert got["held"].tolist() == [True, False, True]
+    torch.testing.assert_close(got["z"][:, 0], z[:, 1])
+    torch.testing.assert_close(got["z"][:, 2], z[:, 0])
+    assert float(got["z"][:, 1].abs().sum()) == 0  # a client that kept nothing reads zeros
+    assert got["round"].tolist() == [7, 0, 7]
+    everyone = store.put(None, {"z": torch.ones(2, 4, 3), "round": torch.full((4,), 8)})
+    assert bool(everyone.take(None)["held"].all()) and store.held.tolist()[0] is False
+
+
+def test_a_state_that_cannot_hold_what_clients_keep_is_named():
+    import types
+
+    fahmc = registry.entry("fahmc").module
+    module = types.SimpleNamespace(**vars(fahmc))
+    module.client_keeps = lambda message, update: {"p": update.position}
+    module.__name__ = "mysampler"
+    s = fahmc.Settings(0.1, 2, 2)
+    target = hetero_gaussian(2, 2, dtype=torch.float64)
+    with pytest.raises(TypeError, match="mysampler: its clients keep .* needs a field `clients"):
+        federated.step(module, 0, fahmc.init(torch.zeros(1, 2, dtype=torch.float64), s), target, s)

@@ -178,9 +178,6 @@ def test_each_entrys_facts_agree_with_behaviour(name):
         decoded = wire.decode_sampler(wire.encode_round(cfg, 1, 100))
         assert decoded == e.build_settings(cfg)
         assert wire.algorithm_entry(wire.encode_round(cfg, 1, 100)) is e
-    # Co-located batching computes FA-HMC's client update.
-    if e.batches_colocated:
-        assert e.module is fahmc and type(settings) is fahmc.Settings
 
 
 def test_fald_is_fahmc_with_k_1():
@@ -190,7 +187,6 @@ def test_fald_is_fahmc_with_k_1():
     a = fald.build_settings(_cfg("fald").resolve())
     b = fahmc_.build_settings(_cfg("fahmc", leapfrog_steps=1).resolve())
     assert a == b and a.leapfrog_steps == 1
-    assert fald.batches_colocated
     assert _refused("fald", leapfrog_steps=1) is None  # (what its name means anyway)
 
 

@@ -156,15 +156,15 @@ REPLY = {"theta": "position", "drift": "drift"}
 
 @dataclass(frozen=True)
 class State:
-    """The server's state after ``round`` rounds: θ̄ (S, D) and ḡ (S, D). On the engine,
-    which computes every client, it also holds what the clients keep: their momenta p_c and
-    drifts g_c (S, N, D); on Flower each client keeps its own and these stay None."""
+    """The server's state after ``round`` rounds: θ̄ (S, D) and ḡ (S, D). ``clients`` is
+    what the clients keep (their momenta p_c and drifts g_c), which fedhmc fills on the
+    engine, where it computes every client; on Flower each client keeps its own in its
+    node state and ``clients`` stays None."""
 
     position: torch.Tensor
     round: int = 0
     mean_drift: torch.Tensor | None = None
-    momentum: torch.Tensor | None = None
-    drift: torch.Tensor | None = None
+    clients: federated.ClientStore | None = None
 
 
 @dataclass(frozen=True)
@@ -272,14 +272,10 @@ def combination(message: Broadcast, weights: torch.Tensor, replied=None) -> Weig
 def server_update(
     state: State, update: ClientUpdate, how: Weights, settings: Settings
 ) -> tuple[State, Info]:
-    """θ̄ = Σ_c w_c θ^(c) and ḡ = Σ_c w_c g_c over the clients that replied; on the engine
-    (whose update holds the clients' momenta) the clients' kept p_c and g_c too."""
+    """θ̄ = Σ_c w_c θ^(c) and ḡ = Σ_c w_c g_c over the clients that replied."""
     position = weighted_average(update.position, how.values)
     mean_drift = None if update.drift is None else weighted_average(update.drift, how.values)
-    momentum, drift = state.momentum, state.drift
-    if update.client_momentum is not None:  # the engine computed every client
-        momentum, drift = update.client_momentum, update.drift
-    new = State(position, state.round + 1, mean_drift, momentum, drift)
+    new = State(position, state.round + 1, mean_drift)
     finite = bool(torch.isfinite(position).all())
     return new, Info(int(update.grad_evals), finite, int(update.position.shape[1]))
 
@@ -292,18 +288,9 @@ def skip(state: State, settings: Settings) -> State:
 # ------------------------------------------------------------------ what clients keep
 
 
-def kept_by_server(state: State, message: Broadcast) -> dict:
-    """The engine: what the batched clients kept, as ``client_update``'s keywords."""
-    out = {}
-    if state.momentum is not None:
-        out["momentum"] = state.momentum
-    if state.drift is not None:
-        out["drift"] = state.drift
-    return out
-
-
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
-    """A Flower client: what it keeps of this round in its node state (never sent)."""
+    """What each of the round's M clients keeps of it (never sent): (S, M, D) tensors.
+    fedhmc carries them to the client's next round on every backend."""
     out = {"momentum": update.client_momentum}
     if update.drift is not None:
         out["drift"] = update.drift
@@ -311,7 +298,9 @@ def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:
-    """A Flower client: what it kept of its last round, as ``client_update``'s keywords."""
+    """What the round's clients kept of their last round, as ``client_update``'s keywords
+    (``kept`` is {} in their first round; ``kept["held"]`` (M,) marks those that kept
+    anything, where some have not: every client takes part here, so all have)."""
     return {k: kept[k] for k in ("momentum", "drift") if k in kept}
 
 
