@@ -16,9 +16,13 @@ step. In round k:
    m_c (0 at the start) and update it after the round: m_c ← m_c + α Δ_c, α = 1/(1 + ω_s);
 4. the server: θ_{k+1} = θ_k − γ (N/S) Σ_{c drawn} (Δ_c + m_c) + √(2γ) ξ_k.
 
-QLSD*'s reference θ* is the chain's start; QLSD++ refreshes θ* to θ_k every l rounds
-(rounds 1, l + 1, 2l + 1, …). A client computes ∇f^(c)(θ*) once per reference and keeps
-it; one that was not drawn when the reference changed computes it when next drawn.
+QLSD* has a set-up phase before round 1 (``setup_rounds``): ``--mode-steps`` rounds of
+federated gradient descent, θ ← θ − γ Σ_c ∇U_c(θ) from every client's full-data gradient
+(0 rounds by default), move the chain's start towards the posterior's mode; then a last
+set-up round sends that start θ*, and every client computes ∇f^(c)(θ*) on its full data,
+keeps it, and replies ∇U_c(θ*). QLSD++ refreshes θ* to θ_k every l rounds (rounds 1,
+l + 1, 2l + 1, …). A client computes ∇f^(c)(θ*) once per reference and keeps it; one that
+was not drawn when the reference changed (or that lost it) computes it when next drawn.
 
 Randomness (``fedhmc.core.rng``): client c's private key in round r for chain s is
 ``derive(client_seed, r, s)``; its minibatch, reference-gradient and quantisation draws are
@@ -61,6 +65,8 @@ class Settings(api.Settings):
         S, the clients drawn each round (None: every client).
     reference_refresh
         l, QLSD++: the rounds between two references (0 for QLSD and QLSD*).
+    mode_steps
+        QLSD*: the set-up's rounds of gradient descent towards the mode (0 for the others).
     variant
         ``plain``, ``star`` or ``pp`` (fixed by the algorithm's name).
     """
@@ -85,6 +91,13 @@ class Settings(api.Settings):
     )  # fmt: skip
     reference_refresh: int = api.option(
         10, "l, the rounds between two references θ* of QLSD++ (θ* ← θ_k)", low=1
+    )
+    mode_steps: int = api.option(
+        0,
+        "QLSD*'s rounds of federated gradient descent θ ← θ − γ ∇f(θ) before round 1, from "
+        "every client's full-data gradient: the reference θ* and the chain's start move to "
+        "the posterior's mode (0: θ* is the chain's start)",
+        low=0,
     )
     variant: str = "plain"
 
@@ -111,7 +124,8 @@ class Broadcast:
     position
         θ_k (S, D).
     reference, reference_round
-        QLSD* and QLSD++: θ* (S, D) and the round it was set; else None.
+        QLSD* and QLSD++: θ* (S, D) and the round it was set (0: in QLSD*'s set-up); else
+        None. QLSD*'s last set-up round sends θ* as ``position``, with its round.
     client_ids
         The drawn clients (M,) when S < N; None when every client takes part.
     num_clients
@@ -134,6 +148,12 @@ MESSAGE_VALUES = {"reference-round": "reference_round"}
 """The scalars of a round's message by their wire names."""
 
 
+def setup_rounds(settings: Settings) -> int:
+    """QLSD*'s set-up phase: ``mode_steps`` rounds of gradient descent, then the reference
+    gradients' round; none for QLSD and QLSD++."""
+    return settings.mode_steps + 1 if settings.variant == "star" else 0
+
+
 @dataclass(frozen=True)
 class ClientUpdate:
     """The clients' side of a round, M clients stacked.
@@ -141,7 +161,10 @@ class ClientUpdate:
     Attributes
     ----------
     delta
-        Δ_c = C_s(H_c − m_c) (S, M, D): what each client sends.
+        Δ_c = C_s(H_c − m_c) (S, M, D): what each client sends (None in a set-up round).
+    setup_grad
+        QLSD*'s set-up rounds: ∇U_c(θ) = w_c ∇f^(c)(θ) on the client's full data (S, M, D),
+        sent.
     memory
         QLSD++: each client's new memory m_c + α Δ_c (S, M, D), kept by the client (not
         sent); else None.
@@ -149,7 +172,8 @@ class ClientUpdate:
         QLSD* and QLSD++: each client's ∇f^(c)(θ*) (S, M, D), kept by the client (not sent).
     """
 
-    delta: torch.Tensor
+    delta: torch.Tensor | None
+    setup_grad: torch.Tensor | None = None
     energy: torch.Tensor | None = None
     energy_error: torch.Tensor | None = None
     grad_evals: int = 0
@@ -157,7 +181,7 @@ class ClientUpdate:
     reference_grad: torch.Tensor | None = None
 
 
-REPLY = {"delta": "delta"}
+REPLY = {"delta": "delta", "grad": "setup_grad"}
 """The arrays of a client's reply by their wire names."""
 
 
@@ -197,8 +221,9 @@ class Combination:
 
 
 def init(position: torch.Tensor, settings: Settings) -> State:
-    """The state before round 1: θ = ``position`` (S, D)."""
-    return State(position)
+    """The state before the first round (QLSD*'s set-up, else round 1): θ = ``position``
+    (S, D)."""
+    return State(position, -setup_rounds(settings))
 
 
 def _reference(state: State, settings: Settings, r: int):
@@ -218,6 +243,9 @@ def broadcast(seed: int, state: State, settings: Settings, weights: torch.Tensor
     the drawn clients when S < N (uniformly without replacement)."""
     r = state.round + 1
     N = int(weights.shape[0])
+    if r <= 0:  # QLSD*'s set-up: every client; θ* is sent as the position in its last round
+        common = dict(round=r, round_seed=federated.round_seed(seed, r), num_clients=N)
+        return Broadcast(position=state.position, reference_round=0 if r == 0 else None, **common)
     S = settings.clients_per_round
     ids = None
     if S is not None and S < N:
@@ -235,7 +263,10 @@ def broadcast(seed: int, state: State, settings: Settings, weights: torch.Tensor
 
 
 def layout(settings: Settings, round_: int) -> Layout:
-    """θ_k down (and θ* under QLSD* and QLSD++); each client's Δ_c up."""
+    """θ_k down (and θ* under QLSD* and QLSD++); each client's Δ_c up. QLSD*'s set-up
+    rounds: θ down, ∇U_c(θ) up."""
+    if round_ <= 0:
+        return Layout(("position",), ("setup_grad",))
     down = ("position",) if settings.variant == "plain" else ("position", "reference")
     return Layout(down, ("delta",))
 
@@ -282,6 +313,8 @@ def client_update(
     S, D = message.position.shape
     M = int(seeds.shape[0])
     keys = federated.private_keys(seeds, message.round, S, message.position.device)
+    if message.round <= 0:
+        return _setup_update(message, target, keys)
     if reference_grad is not None and reference_valid is None:
         reference_valid = torch.ones(M, dtype=torch.bool, device=reference_grad.device)
     g, kept_grad, evals = _estimate(message, target, keys, reference_grad, reference_valid)
@@ -304,6 +337,20 @@ def client_update(
     )
 
 
+def _setup_update(message: Broadcast, target, keys) -> ClientUpdate:
+    """A set-up round of the clients of ``target``: ∇f^(c)(θ) on each one's full data (as
+    ``_estimate`` computes a missing reference gradient), sent as ∇U_c(θ) and, in the last
+    set-up round, kept as the reference's."""
+    S, D = message.position.shape
+    M = target.num_clients
+    at = message.position.unsqueeze(1).expand(S, M, D)
+    batch = rng.derive(keys, STREAM_MINIBATCH)
+    full, _ = target.with_batch_size(0).grad(at.clone(), batch, 0, False)
+    weights = target.weights.to(full.dtype).view(1, M, 1)
+    kept = full if message.round == 0 else None
+    return ClientUpdate(None, weights * full, grad_evals=S * M, reference_grad=kept)
+
+
 def combination(message: Broadcast, weights, replied: torch.Tensor | None = None) -> Combination:
     """The clients whose Δ_c arrived (``replied``: their mask over the round's clients,
     None: all), in the replies' order."""
@@ -321,6 +368,8 @@ def server_update(
     theta = state.position
     S, D = theta.shape
     M = int(how.clients.shape[0])
+    if update.delta is None:
+        return _setup_step(state, update, how, settings)
     total = update.delta.sum(dim=1)
     memory = state.memory
     if settings.variant == "pp":
@@ -335,6 +384,20 @@ def server_update(
     position = theta - gamma * (how.num_clients / M) * total + math.sqrt(2 * gamma) * xi
     new = State(position, state.round + 1, memory, how.reference, how.reference_round)
     finite = bool(torch.isfinite(position).all())
+    return new, Info(int(update.grad_evals), finite, M)
+
+
+def _setup_step(state: State, update: ClientUpdate, how: Combination, settings: Settings):
+    """A set-up round's server side: a gradient-descent step θ ← θ − γ (N/M) Σ_c ∇U_c(θ)
+    over the M clients that replied, or in the last set-up round θ* = θ, the reference."""
+    r, theta = state.round + 1, state.position
+    M = int(how.clients.shape[0])
+    if r == 0:
+        new = State(theta, r, state.memory, theta, 0)
+    else:
+        step = settings.step_size * (how.num_clients / M)
+        new = State(theta - step * update.setup_grad.sum(dim=1), r)
+    finite = bool(torch.isfinite(new.position).all() and torch.isfinite(update.setup_grad).all())
     return new, Info(int(update.grad_evals), finite, M)
 
 

@@ -214,7 +214,7 @@ def _euler_fixed(method: str) -> tuple[tuple[str, typing.Any], ...]:
 
 _QLSD = (
     ("qlsd", "plain", "QLSD: clients send quantised gradients, the server takes the Langevin step"),
-    ("qlsd-star", "star", "QLSD*: QLSD with a control variate at the chain's start"),
+    ("qlsd-star", "star", "QLSD*: QLSD with a control variate at a reference set before round 1"),
     ("qlsd-pp", "pp", "QLSD++: QLSD with a refreshed control variate and a memory"),
 )
 
@@ -224,6 +224,8 @@ def _qlsd(name: str, variant: str, summary: str) -> Entry:
     fixed = (("variant", variant),)
     if variant != "pp":
         fixed += (("reference_refresh", 10),)
+    if variant != "star":
+        fixed += (("mode_steps", 0),)
     return Entry(name, module_path="fedhmc.algorithms.qlsd", summary=summary, fixed=fixed)
 
 

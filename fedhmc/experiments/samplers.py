@@ -203,7 +203,10 @@ def cost_per_round(sampler: str, settings: dict, clients: int, dim: int) -> dict
     elif sampler.startswith("qlsd"):
         out.update(evals=N, bits_up=N * quantized_bits(dim))
         if sampler != "qlsd":
-            out.update(evals=2 * N, bits_down=2 * N * vec, setup_evals=N)
+            out.update(evals=2 * N, bits_down=2 * N * vec)
+        if sampler == "qlsd-star":  # its set-up: θ down and ∇U_c(θ) up, each round
+            rounds = settings.get("mode-steps", 0) + 1
+            out.update(setup_evals=N * rounds, setup_bits=2 * N * vec * rounds)
         if sampler == "qlsd-pp":
             out.update(evals=2 * N + N / settings["reference-refresh"], setup_evals=0)
     elif sampler == "fsgld":

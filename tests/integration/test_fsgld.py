@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from fedhmc.algorithms import fsgld, registry
+from fedhmc.algorithms import federated, fsgld, registry
 from fedhmc.analysis.linear_gaussian import stationary_random, ula_gaussian
 from fedhmc.errors import ConfigError
 from fedhmc.models.targets import hetero_gaussian
@@ -40,7 +40,9 @@ def _state_with(target, means, precisions, chains=CHAINS):
     mu = torch.as_tensor(means, dtype=torch.float64).view(1, N, 1).expand(shape).clone()
     lam = torch.as_tensor(precisions, dtype=torch.float64).view(1, N, 1).expand(shape).clone()
     theta = torch.zeros(chains, D, dtype=torch.float64)
-    return fsgld.State(theta, 0, lam.sum(1), (lam * mu).sum(1), mu, lam)
+    kept = {"surrogate_mean": mu, "surrogate_precision": lam}  # (the clients keep theirs)
+    clients = federated.ClientStore.empty(N).put(None, kept)
+    return fsgld.State(theta, 0, lam.sum(1), (lam * mu).sum(1), clients)
 
 
 def _run(settings, state, target, rounds=ROUNDS, seed=0):

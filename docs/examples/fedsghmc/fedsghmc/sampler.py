@@ -304,6 +304,11 @@ def kept_by_client(message: Broadcast, kept: dict) -> dict:
     return {k: kept[k] for k in ("momentum", "drift") if k in kept}
 
 
+def resumes_on_flower(settings: Settings) -> bool:
+    """A run does not resume on new Flower nodes: the clients' momenta are theirs alone."""
+    return False
+
+
 def step(seed: int, state: State, target, settings: Settings) -> tuple[State, Info]:
     """One round with every client batched (the engine)."""
     return federated.step(sys.modules[__name__], seed, state, target, settings)
