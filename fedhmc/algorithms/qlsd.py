@@ -172,7 +172,7 @@ class ClientUpdate:
         QLSD* and QLSD++: each client's ∇f^(c)(θ*) (S, M, D), kept by the client (not sent).
     """
 
-    delta: torch.Tensor | None
+    delta: torch.Tensor | None = None
     setup_grad: torch.Tensor | None = None
     energy: torch.Tensor | None = None
     energy_error: torch.Tensor | None = None

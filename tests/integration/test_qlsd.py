@@ -102,8 +102,8 @@ def _cfg(tmp_path, name, **kw):
 
 def test_the_entries_declare_their_own_options():
     names = {e.name: {o.name for o in e.options} for e in registry.ENTRIES if e.name[:4] == "qlsd"}
-    assert names["qlsd"] == names["qlsd-star"] == {"step_size", "quantization_levels",
-                                                   "clients_per_round"}  # fmt: skip
+    assert names["qlsd"] == {"step_size", "quantization_levels", "clients_per_round"}
+    assert names["qlsd-star"] == names["qlsd"] | {"mode_steps"}
     assert names["qlsd-pp"] == names["qlsd"] | {"reference_refresh"}
 
 
@@ -179,9 +179,36 @@ def test_flower_apps_equal_the_engine(tmp_path, algorithm):
         cfg = cfg.replace(reference_refresh=3)
     engine = run(cfg, progress=False)
     flower, seen = flower_run(cfg.replace(out=str(tmp_path / "f")))
-    # The reply carries Δ_c alone; QLSD++'s memory and the reference gradient stay in the
-    # node's state.
-    assert {frozenset(r) for r in seen.replies} == {frozenset({"delta"})}
+    # The reply carries Δ_c alone (QLSD*'s set-up rounds: ∇U_c); QLSD++'s memory and the
+    # reference gradient stay in the node's state.
+    setup = cfg.num_clients if algorithm == "qlsd-star" else 0  # (its set-up: one round)
+    assert [set(r) for r in seen.replies[:setup]] == [{"grad"}] * setup
+    assert {frozenset(r) for r in seen.replies[setup:]} == {frozenset({"delta"})}
     want = {"qlsd": set(), "qlsd-star": {"reference_grad", "reference_round"}}
     assert seen.kept[-1] == want.get(algorithm, {"memory", "reference_grad", "reference_round"})
     assert_same_chain(engine, flower, ("w2", "mean_error", "grad_evals", "clients", "bits_up"))
+
+
+def test_qlsd_star_set_up_descends_to_the_mode_and_sets_the_reference_there():
+    """--mode-steps M: M rounds of federated gradient descent on f from θ₀ = 0, exactly
+    θ_M − m = (1 − γA)^M (θ₀ − m) on the Gaussian (full-data gradients), then θ* = θ_M."""
+    target = hetero_gaussian(4, 2, dtype=torch.float64)
+    post = target.posterior()
+    A, m = 1 / post.var, post.mean
+    gamma, steps = 0.05, 30
+    s = registry.entry("qlsd-star").build_settings({"step_size": gamma, "mode_steps": steps})
+    assert qlsd.setup_rounds(s) == steps + 1
+    state = qlsd.init(torch.zeros(3, 2, dtype=torch.float64), s)
+    evals = 0
+    for _ in range(steps + 1):
+        state, info = qlsd.step(0, state, target, s)
+        evals += info.grad_evals
+    want = m + (1 - gamma * A) ** steps * (0 - m)
+    torch.testing.assert_close(state.reference, torch.full((3, 2), want, dtype=torch.float64))
+    assert (
+        torch.equal(state.position, state.reference) and state.round == state.reference_round == 0
+    )
+    assert evals == (steps + 1) * 3 * 4  # one full gradient a client and chain a round
+    # Round 1 finds every client's ∇f^(c)(θ*) kept: two minibatch gradients each, no more.
+    _, info = qlsd.step(0, state, target, s)
+    assert info.grad_evals == 2 * 3 * 4

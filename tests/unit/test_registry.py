@@ -39,6 +39,7 @@ ALLOWED = {
             'sampler == "fahmc-debiased"',
             'sampler != "qlsd"',
             'sampler == "qlsd-pp"',
+            'sampler == "qlsd-star"',
         )
     ),
 }
