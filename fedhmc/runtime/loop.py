@@ -768,6 +768,8 @@ class _Run:
         if self.resumed:
             summary["resumed_from_round"] = self.start - 1
         if self.status == "interrupted" and self.saved_round is None:
+            self.saved_round = _round_on_disk(self.cfg.out)
+        if self.status == "interrupted" and self.saved_round is None:
             summary["note"] = (
                 "stopped before the first checkpoint: nothing to resume; start the run again "
                 f"with --overwrite --out {self.cfg.out}"
@@ -817,6 +819,16 @@ def _model_summary(evaluator) -> dict:
     if hasattr(model, "batching"):
         out["model_batching"] = model.batching
     return out
+
+
+def _round_on_disk(out) -> int | None:
+    """The round of the checkpoint in ``out``, or None: a second signal may stop a run after
+    its checkpoint was written and before the run noted it."""
+    try:
+        head = checkpoint.peek(out)
+    except (OSError, FedHMCError):
+        return None
+    return None if head is None else int(head["round"])
 
 
 def _kept(cfg: RunConfig, saved_round: int | None) -> str:
