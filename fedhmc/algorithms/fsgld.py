@@ -5,10 +5,20 @@ One client computes per round, helped by Gaussian surrogates of everyone's share
 U_c = w_c f^(c) of the energy.
 
 - **Set-up (round 0).** Every client fits a diagonal Gaussian surrogate
-  s_c(θ) = ½ (θ − μ_c)ᵀ Λ_c (θ − μ_c) of U_c: the mean μ_c and the inverse variance Λ_c of
-  the second half of a short local SGLD run on exp(−U_c) (``--surrogate-steps`` steps of
-  γ from the start), per chain, and sends (μ_c, Λ_c) once. The server keeps the sums
-  Σ_j Λ_j and Σ_j Λ_j μ_j, so that Σ_j ∇s_j(θ) = (Σ_j Λ_j) θ − Σ_j Λ_j μ_j costs one product.
+  s_c(θ) = ½ (θ − μ_c)ᵀ Λ_c (θ − μ_c) of U_c from a short local SGLD run on exp(−U_c)
+  (steps of γ from the start, per chain; its second half kept) and sends (μ_c, Λ_c) once.
+  The inverse variance and the mean of exp(−U_c) are estimated through Stein's identity
+  (E[∇U_c (θ − m)ᵀ] = I, E[∇U_c] = 0): Λ_c = Cov(Ĥ_c, θ) / Var(θ) and μ_c = θ̄ − Ĥ̄_c / Λ_c
+  over the run, exact for a quadratic share with a diagonal Hessian whether or not the run
+  has mixed (the plain inverse variance of a run much shorter than U_c's relaxation time,
+  w_c times f's, is that of its noise, ~6/(2γn) for n kept steps, and overestimates Λ_c
+  many times). Then Λ_c is scaled by α_c = min(1, λ_min(Λ_c^−½ H_c Λ_c^−½)), H_c the
+  Hessian of U_c at θ̄ (a Krylov basis of forward differences of Ĥ_c): Λ_c ⪯ H_c, so that
+  a drawn client's drift (H_c − Λ_c)/p_c + Σ_j Λ_j stays contractive however the 1/p_c
+  amplifies the surrogate's error (a diagonal surrogate of a correlated share, BLR's, at
+  its diagonal curvature is not). ``--surrogate-steps`` counts the fit's gradient
+  evaluations, probes included (``fit_budget``). The server keeps the sums Σ_j Λ_j and
+  Σ_j Λ_j μ_j, so that Σ_j ∇s_j(θ) = (Σ_j Λ_j) θ − Σ_j Λ_j μ_j costs one product.
 - **Round k ≥ 1.** The server draws one client c with probability p_c = w_c and sends it
   θ with the two sums and p_c. The client runs T (``--local-steps``) steps
   θ ← θ − γ g(θ) + √(2γ) ξ with the conducive gradient
@@ -27,7 +37,8 @@ Randomness (``fedhmc.core.rng``): the drawn client from the run's seed and the r
 (``fedhmc.core.participation``, one weighted draw); client c's private key in round r for
 chain s is ``derive(client_seed, r, s)``, its step l's minibatch from
 ``derive(key, STREAM_MINIBATCH)`` at index l and its noise from
-``derive(key, STREAM_FSGLD_NOISE)`` at index l.
+``derive(key, STREAM_FSGLD_NOISE)`` at index l (the fit's probes: the indices after its
+SGLD steps, on one minibatch).
 
 Pure PyTorch: no Flower import.
 """
@@ -65,8 +76,8 @@ class Settings(api.Settings):
     )
     surrogate_steps: int = api.option(
         100,
-        "the local SGLD steps each client runs before sampling to fit its Gaussian surrogate "
-        "(the second half's mean and inverse variance)",
+        "the gradient evaluations of each client's Gaussian surrogate fit before sampling: "
+        "a local SGLD run, then (a quarter, at most 16) curvature probes of its safety check",
         low=2,
     )
 
@@ -166,25 +177,62 @@ def layout(settings: Settings, round_: int) -> Layout:
     return Layout(("position", "precision_sum", "shift_sum"), ("position",))
 
 
-def _langevin(theta, gradient, keys, settings: Settings, steps: int, keep_from: int = 0):
+def _langevin(theta, gradient, keys, gamma: float, steps: int, watch=None):
     """``steps`` steps θ ← θ − γ g(θ) + √(2γ) ξ from ``theta`` (S, M, D); ``gradient(θ,
-    l)`` is g at step l. Returns the end and the sum and sum of squares of the positions
-    from step ``keep_from`` on."""
-    gamma = settings.step_size
+    l)`` is g at step l, and ``watch(l, θ, g)`` (if given) sees each step's position and
+    gradient. Returns the end."""
     noise_keys = rng.derive(keys, STREAM_FSGLD_NOISE)
-    total = torch.zeros_like(theta)
-    squares = torch.zeros_like(theta)
+    scale = math.sqrt(2 * gamma)
     D = theta.shape[-1]
     for step in range(steps):
+        g = gradient(theta, step)
+        if watch is not None:
+            watch(step, theta, g)
         xi = rng.normal(noise_keys, step, D, theta.dtype)
-        theta = theta - gamma * gradient(theta, step) + math.sqrt(2 * gamma) * xi
-        if step >= keep_from:
-            total, squares = total + theta, squares + theta * theta
-    return theta, total, squares
+        theta = theta - gamma * g + scale * xi
+    return theta
+
+
+SAFETY_PROBES = 16
+"""The most Hessian-vector products of a surrogate's safety check (``_safe_scale``)."""
+
+
+def fit_budget(surrogate_steps: int) -> tuple[int, int]:
+    """(SGLD steps, Hessian-vector products) of a fit of ``surrogate_steps`` gradient
+    evaluations: a quarter of them (at most SAFETY_PROBES) probe the curvature, after one
+    more for the gradient they are taken from; none under 4."""
+    probes = min(SAFETY_PROBES, surrogate_steps // 4)
+    return surrogate_steps - probes - (1 if probes else 0), probes
+
+
+class _Moments:
+    """Sums over a run's kept steps of d = θ − θ_first (shifted: no float cancellation),
+    d², the gradient g and g d; ``result`` gives the mean, the mean gradient, Var(θ) and
+    Cov(g, θ) per coordinate."""
+
+    def __init__(self, keep_from: int):
+        self.keep_from, self.n, self.first, self.sums = keep_from, 0, None, None
+
+    def __call__(self, step, theta, g):
+        if step < self.keep_from:
+            return
+        if self.first is None:
+            self.first = theta.clone()
+            self.sums = [torch.zeros_like(theta) for _ in range(4)]
+        d = theta - self.first
+        for acc, x in zip(self.sums, (d, d * d, g, g * d), strict=True):
+            acc.add_(x)
+        self.n += 1
+
+    def result(self):
+        s_d, s_dd, s_g, s_gd = (x / self.n for x in self.sums)
+        return self.first + s_d, s_g, (s_dd - s_d * s_d).clamp_min(0), s_gd - s_g * s_d
 
 
 def _fit(message: Broadcast, target, settings: Settings, keys: torch.Tensor) -> ClientUpdate:
-    """The set-up: each client's surrogate from the second half of an SGLD run on U_c."""
+    """The set-up: each client's surrogate of U_c from a short SGLD run on exp(−U_c) (steps
+    of γ from θ, the second half kept): Λ_c = α_c Cov(Ĥ_c, θ) / Var(θ) and μ_c = θ̄ − Ĥ̄_c /
+    Λ_c, with α_c ≤ 1 the safety scale (``_safe_scale``)."""
     S, D = message.position.shape
     M = target.num_clients
     w = target.weights.to(message.position.dtype).view(1, M, 1)
@@ -193,16 +241,70 @@ def _fit(message: Broadcast, target, settings: Settings, keys: torch.Tensor) -> 
     def share(theta, step):  # Ĥ_c: the minibatch gradient of U_c = w_c f^(c)
         return w * target.grad(theta.contiguous(), batch, step, False)[0]
 
-    steps = settings.surrogate_steps
-    half = steps // 2
+    steps, probes = fit_budget(settings.surrogate_steps)
+    moments = _Moments(steps // 2)
     start = message.position.unsqueeze(1).expand(S, M, D).clone()
-    _, total, squares = _langevin(start, share, keys, settings, steps, keep_from=half)
-    n = steps - half
-    mean = total / n
-    var = (squares / n - mean * mean).clamp_min(torch.finfo(mean.dtype).tiny)
+    _langevin(start, share, keys, settings.step_size, steps, moments)
+    mean, grad_mean, var, cov = moments.result()
+    tiny = torch.finfo(mean.dtype).tiny
+    curvature = torch.where(var > tiny, cov.clamp_min(0) / var.clamp_min(tiny), 0.0)
+    if probes:
+        probe = (lambda theta: share(theta, steps), rng.derive(keys, STREAM_FSGLD_NOISE), steps)
+        curvature = curvature * _safe_scale(probe, mean, curvature, probes)
+    mu = mean - grad_mean / curvature.clamp_min(tiny)
+    kept = (curvature > 0) & torch.isfinite(mu)
     return ClientUpdate(
-        surrogate_mean=mean, surrogate_precision=1.0 / var, grad_evals=steps * S * M
+        surrogate_mean=torch.where(kept, mu, mean),
+        surrogate_precision=torch.where(kept, curvature, 0.0),
+        grad_evals=settings.surrogate_steps * S * M,
     )
+
+
+def _safe_scale(probe, at: torch.Tensor, curvature: torch.Tensor, count: int) -> torch.Tensor:
+    """α = min(1, λ_min(C^−½ H C^−½)) (S, M, 1), H the Hessian of U_c at ``at`` and C =
+    diag(``curvature``) on its support: the largest scale with α C ⪯ H, so that a drawn
+    client's drift stays contractive. λ_min is the Rayleigh-Ritz value on a Krylov basis of
+    ``count`` vectors (a fresh random vector where it breaks down); H v is a forward
+    difference of the share's gradient on one minibatch. ``probe`` is (the gradient, the
+    random keys, the first free noise index)."""
+    gradient, noise_keys, first = probe
+    D, dtype = at.shape[-1], at.dtype
+    root = curvature.sqrt()
+    inv = torch.where(root > 0, 1.0 / root.clamp_min(torch.finfo(dtype).tiny), 0.0)
+    base, width = gradient(at), math.sqrt(torch.finfo(dtype).eps)
+    width = width * (1 + at.abs().amax(-1, keepdim=True))
+
+    def apply(u):  # C^−½ H C^−½ u
+        x = inv * u
+        h = width / x.abs().amax(-1, keepdim=True).clamp_min(torch.finfo(dtype).tiny)
+        return inv * (gradient(at + h * x) - base) / h
+
+    basis, images = [], []
+    v = rng.normal(noise_keys, first, D, dtype) * (inv > 0)
+    for j in range(count):
+        fresh = rng.normal(noise_keys, first + 1 + j, D, dtype) * (inv > 0)
+        v, fresh = _orthonormal(v, basis), _orthonormal(fresh, basis)
+        broken = v.norm(dim=-1, keepdim=True) < 0.5  # (v was in the basis' span)
+        basis.append(torch.where(broken, fresh, v))  # (zero where the support is spanned)
+        images.append(apply(basis[-1]))
+        v = images[-1]
+    V, W = torch.stack(basis, -2), torch.stack(images, -2)
+    ritz = V @ W.transpose(-1, -2)  # the basis' Rayleigh-Ritz matrix, (S, M, K, K)
+    ritz = ritz + torch.diag_embed(1 - V.square().sum(-1))  # a zero vector's value: 1
+    lowest = torch.linalg.eigvalsh(0.5 * (ritz + ritz.transpose(-1, -2)))[..., :1]
+    return lowest.clamp(0, 1)
+
+
+def _orthonormal(v: torch.Tensor, basis: list) -> torch.Tensor:
+    """``v`` made orthogonal to the unit vectors ``basis`` (twice, for round-off) and of
+    unit norm; zero where less than √ε of it was outside their span."""
+    before = v.norm(dim=-1, keepdim=True)
+    for _ in range(2):
+        for u in basis:
+            v = v - (v * u).sum(-1, keepdim=True) * u
+    n = v.norm(dim=-1, keepdim=True)
+    eps = torch.finfo(v.dtype).eps
+    return torch.where(n > math.sqrt(eps) * before, v / n.clamp_min(eps), 0.0)
 
 
 def client_update(
@@ -238,7 +340,7 @@ def client_update(
         return conducive_gradient(h, theta, surrogate, message.probability)
 
     start = message.position.unsqueeze(1).expand(S, M, D).clone()
-    theta, _, _ = _langevin(start, conducive, keys, settings, settings.local_steps)
+    theta = _langevin(start, conducive, keys, settings.step_size, settings.local_steps)
     return ClientUpdate(
         position=theta,
         surrogate_mean=surrogate_mean,

@@ -135,6 +135,96 @@ def test_inexact_surrogates_match_the_exact_law_of_their_chain():
     assert abs(moment2 - (V + m * m)) < 5 * se_2, (moment2 - mean**2, V, se_2)
 
 
+def _set_up(target, settings, chains=CHAINS, seed=0):
+    """The state after the set-up round (the clients' fits) from θ = 0."""
+    state = fsgld.init(torch.zeros(chains, target.dim, dtype=torch.float64), settings)
+    state, info = fsgld.step(seed, state, target, settings)
+    assert info.finite
+    return state
+
+
+def test_the_fit_recovers_gaussian_shares_exactly():
+    # U_c = ½ A_c ‖θ − μ_c‖² with A_c = w_c / v_c: the fit is exact from a short run that
+    # has not mixed (50 steps of γ = 0.05 on a share whose relaxation time is 160 steps).
+    # (The inverse variance of the run's second half overestimated A_c 2-30 times.)
+    target = _target()
+    w, mu, A = _shares(target)
+    state = _set_up(target, fsgld.Settings(step_size=0.05, surrogate_steps=50), chains=8)
+    lam, means = state.precisions.numpy(), state.means.numpy()
+    np.testing.assert_allclose(lam, np.broadcast_to(A[None, :, None], lam.shape), rtol=1e-6)
+    np.testing.assert_allclose(means, np.broadcast_to(mu[None, :, None], means.shape), rtol=1e-6)
+
+
+def test_fitted_surrogates_give_ula():
+    # After the set-up the conducive gradient is ∇f for every draw: the chain is ULA on f
+    # (before, the fitted precisions made some drawn clients' drift expansive: it diverged).
+    target = _target()
+    w, mu, A = _shares(target)
+    gamma = 0.5
+    settings = fsgld.Settings(step_size=gamma, local_steps=3, surrogate_steps=40)
+    x = _run(settings, _set_up(target, settings), target)
+    mean, var, se_m, se_v = _moments(x)
+    m, V = ula_gaussian(np.array([float((A * mu).sum() / A.sum())]), np.array([[A.sum()]]), gamma)
+    assert abs(mean - m[0]) < 5 * se_m, (mean, m)
+    assert abs(var - V[0, 0]) < 5 * se_v + V[0, 0] * 4 / x.shape[0], (var, V)
+
+
+class _CorrelatedShares:
+    """Quadratic clients f^(c)(θ) = ½ (θ − m_c)ᵀ H_c (θ − m_c), H_c strongly correlated (as
+    the two classes' weights of a softmax regression): a diagonal surrogate at the
+    diagonal curvature, diag(w_c H_c), is not ⪯ w_c H_c."""
+
+    def __init__(self, clients=3, dim=4):
+        g = torch.Generator().manual_seed(1)
+        self.num_clients, self.dim = clients, dim
+        self.weights = torch.full((clients,), 1.0 / clients, dtype=torch.float64)
+        h = []
+        for _ in range(clients):
+            x = torch.randn(dim // 2, dim // 2, generator=g, dtype=torch.float64)
+            block = x @ x.T + torch.eye(dim // 2, dtype=torch.float64)
+            pair = torch.tensor([[1.0, -1.0], [-1.0, 1.0]], dtype=torch.float64)
+            h.append(torch.kron(pair, block) + 0.1 * torch.eye(dim, dtype=torch.float64))
+        self.H = torch.stack(h)  # (N, D, D)
+        self.m = torch.randn(clients, dim, generator=g, dtype=torch.float64)
+
+    def grad(self, theta, keys, index, need_energy=True):
+        diff = theta - self.m
+        return torch.einsum("cij,scj->sci", self.H, diff), None
+
+
+def test_the_fit_keeps_every_drift_contractive_on_correlated_shares():
+    # Λ_c ⪯ A_c = w_c H_c for every client and chain (the Krylov basis spans the support
+    # here, so the safety check is exact but for the round-off of its finite differences):
+    # whatever the others' surrogates, a drawn client's drift (A_c − Λ_c)/p_c + Σ_j Λ_j
+    # stays positive definite.
+    target = _CorrelatedShares()
+    A = target.weights.view(-1, 1, 1) * target.H
+    assert (torch.linalg.eigvalsh(A - torch.diag_embed(torch.diagonal(A, 0, 1, 2)))[:, 0] < 0).all()
+    settings = fsgld.Settings(step_size=0.01, surrogate_steps=40)
+    state = _set_up(target, settings, chains=6)
+    lam = state.precisions
+    assert (lam > 0).any() and (lam >= 0).all()
+    gap = torch.linalg.eigvalsh(A.unsqueeze(0) - torch.diag_embed(lam))[..., 0]
+    assert (gap > -1e-5 * A.abs().amax()).all(), gap.min()
+
+
+def test_a_client_fits_alone_what_it_fits_among_all():
+    # A client process (Flower) fits with its own seed exactly what the batched engine does.
+    from fedhmc.algorithms import federated
+
+    target = _target()
+    settings = fsgld.Settings(step_size=0.05, surrogate_steps=24)
+    message = fsgld.broadcast(3, fsgld.init(torch.zeros(5, D, dtype=torch.float64), settings),
+                              settings, target.weights)  # fmt: skip
+    seeds = federated.client_seeds(3, N)
+    every = fsgld.client_update(message, target, settings, seeds)
+    for c in range(N):
+        alone = fsgld.client_update(message, target.subset([c]), settings, seeds[c : c + 1])
+        for name in ("surrogate_mean", "surrogate_precision"):
+            got, want = getattr(alone, name), getattr(every, name)[:, c : c + 1]
+            torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+
+
 def _cfg(tmp_path, name, **kw):
     base = dict(dataset="gaussian-hetero", dim=3, num_clients=4, chains=3, rounds=6,
                 burn_in=1, step_size=0.05, dtype="float64", algorithm="fsgld",
