@@ -150,7 +150,8 @@ def test_the_fit_recovers_gaussian_shares_exactly():
     target = _target()
     w, mu, A = _shares(target)
     state = _set_up(target, fsgld.Settings(step_size=0.05, surrogate_steps=50), chains=8)
-    lam, means = state.precisions.numpy(), state.means.numpy()
+    kept = state.clients.arrays  # (what the clients keep: their surrogates)
+    lam, means = kept["surrogate_precision"].numpy(), kept["surrogate_mean"].numpy()
     np.testing.assert_allclose(lam, np.broadcast_to(A[None, :, None], lam.shape), rtol=1e-6)
     np.testing.assert_allclose(means, np.broadcast_to(mu[None, :, None], means.shape), rtol=1e-6)
 
@@ -202,7 +203,7 @@ def test_the_fit_keeps_every_drift_contractive_on_correlated_shares():
     assert (torch.linalg.eigvalsh(A - torch.diag_embed(torch.diagonal(A, 0, 1, 2)))[:, 0] < 0).all()
     settings = fsgld.Settings(step_size=0.01, surrogate_steps=40)
     state = _set_up(target, settings, chains=6)
-    lam = state.precisions
+    lam = state.clients.arrays["surrogate_precision"]
     assert (lam > 0).any() and (lam >= 0).all()
     gap = torch.linalg.eigvalsh(A.unsqueeze(0) - torch.diag_embed(lam))[..., 0]
     assert (gap > -1e-5 * A.abs().amax()).all(), gap.min()
