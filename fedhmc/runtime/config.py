@@ -36,7 +36,10 @@ evaluations in the run (rounds × chains × clients × T × (K + 1)). Compiling 
 first time takes 5–20 s (LeNet-5 on digits: about 18 s for its two shapes; inductor's disk
 cache brings a later process down to about 2 s) and saves about 0.03 ms per evaluation of a
 small network (measured on 2 CPU cores), so a smaller run would spend longer compiling than
-it saves. A resumed run keeps the choice recorded in its config.json."""
+it saves. Like ``--device``, ``--compile`` changes only the float rounding, so it is a
+setting of how a run is carried out: a resume may change it, and a sweep does not tell its
+cells apart by it (``fedhmc.runtime.checkpoint.RESUMABLE_CHANGES``,
+``fedhmc.sweep.grid.RUN_ONLY_KEYS``)."""
 
 BACKENDS = ("engine", "flower")
 """``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""
@@ -269,17 +272,11 @@ def unused_settings(config: dict) -> list[str]:
     return list(dict.fromkeys(unused))
 
 
-SETTINGS_ADDED = {"compile": False}
-"""Settings that runs recorded before they existed lack, with the value those runs computed
-with (before ``--compile``, no gradient was compiled)."""
-
-
-def with_settings_added(config: dict) -> dict:
+def without_other_options(config: dict) -> dict:
     """A saved run's settings (a ``config.json`` or a checkpoint's) as this fedhmc reads
-    them: with ``SETTINGS_ADDED`` where it was recorded before they existed, and without the
-    options of other samplers than its own (a run recorded while every sampler's options
-    were settings of every run holds them, unused)."""
-    out = {**SETTINGS_ADDED, **config}
+    them: without the options of other samplers than its own (a run recorded while every
+    sampler's options were settings of every run holds them, unused)."""
+    out = dict(config)
     algo = registry.find(out.get("algorithm"))
     if algo.module_path is not None:
         mine = {o.name for o in api.options(algo.settings_class)}
@@ -298,9 +295,9 @@ def recorded_settings(config: dict) -> dict:
     Applying it to both sides of a comparison (a resume's checkpoint and the new run, a
     sweep cell's ``config.json`` and its settings) compares what the runs computed with;
     it is idempotent, so a ``config.json`` written before it existed compares the same
-    (``with_settings_added``).
+    (``without_other_options``).
     """
-    saved = with_settings_added(config)
+    saved = without_other_options(config)
     out = {k: v for k, v in saved.items() if k not in sampler_options()}
     for key in unused_settings(config):
         if key in out:
@@ -388,9 +385,9 @@ class RunConfig:
         None,
         "compile a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) with torch's "
         "compiler (inductor) when it is batched with vmap (default: on for a run on the CPU with "
-        f"{COMPILE_MIN_EVALS:,} or more client-gradient evaluations, else off; the choice is "
-        "recorded in config.json: the compiled gradient rounds differently, so it is part of "
-        "what a seed computes)",
+        f"{COMPILE_MIN_EVALS:,} or more client-gradient evaluations, else off); like --device, "
+        "it changes only the float rounding, so a resume may change it and a sweep does not "
+        "tell its cells apart by it",
     )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
     num_clients: int | None = _f(
