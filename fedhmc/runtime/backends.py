@@ -9,10 +9,12 @@ from __future__ import annotations
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from fedhmc.runtime.config import RunConfig
+    from fedhmc.runtime.config import ResolvedConfig, RunConfig
 
 
-def prepare(cfg: RunConfig) -> RunConfig:
-    """``cfg`` resolved (its defaults filled in), with its output directory fixed."""
+def prepare(cfg: RunConfig) -> ResolvedConfig:
+    """``cfg`` resolved (its defaults filled in; a
+    [`ResolvedConfig`][fedhmc.runtime.config.ResolvedConfig] is not resolved again), with
+    its output directory fixed."""
     cfg = cfg.resolve()
-    return cfg.replace(out=cfg.out or cfg.default_out())
+    return cfg if cfg.out else cfg.with_out(cfg.default_out())

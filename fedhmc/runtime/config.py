@@ -10,7 +10,8 @@ in the field ``options``; ``cfg.leapfrog_steps`` reads one. The command line
 parsed by ``RunConfig.from_mapping``, so a setting is defined once.
 
 Fields left at ``None`` take the dataset's default in ``RunConfig.resolve`` (see
-``fedhmc.runtime.presets``); ``config.json`` holds the resolved values, with ``null`` for
+``fedhmc.runtime.presets``), which returns a ``ResolvedConfig``: what a run is carried out
+with, never resolved again. ``config.json`` holds the resolved values, with ``null`` for
 the settings that played no part in the run (``RunConfig.recorded``).
 """
 
@@ -580,7 +581,8 @@ class RunConfig:
             kwargs[name] = _coerce(
                 key.replace("_", "-"), value, hints[name], literal_none="none" in choices
             )
-        return cls(**kwargs, options=tuple(sorted(options.items())))
+        # (a RunConfig, also as ResolvedConfig.from_mapping: only `resolve` resolves)
+        return RunConfig(**kwargs, options=tuple(sorted(options.items())))
 
     def to_run_config(self) -> dict[str, typing.Any]:
         """Flower run-config form: kebab-case keys, None written as an empty string.
@@ -727,10 +729,11 @@ class RunConfig:
         return widths
 
     # ------------------------------------------------------------- resolution
-    def resolve(self) -> RunConfig:
-        """Fill the dataset defaults and validate; returns a config with no ``None`` left
-        except ``data_dir`` and ``out`` and the settings its sampler does not have. Raises
-        ``ConfigError`` with a one-line message.
+    def resolve(self) -> ResolvedConfig:
+        """Fill the dataset defaults and validate; returns a `ResolvedConfig`, with no
+        ``None`` left except ``data_dir`` and ``out`` and the settings its sampler does not
+        have (a ResolvedConfig's ``resolve`` returns it as it is). Raises ``ConfigError``
+        with a one-line message.
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
@@ -747,7 +750,7 @@ class RunConfig:
         algo = registry.find(cfg.algorithm)
         cfg = cfg._resolve_protocol(algo)._resolve_sampler(algo, d)._fill_defaults(d, builtin)
         cfg.validate()
-        return cfg
+        return ResolvedConfig(**{f.name: getattr(cfg, f.name) for f in fields(cfg)})
 
     def _resolve_protocol(self, algo: registry.Entry) -> RunConfig:
         """``--protocol`` checked (default algorithm3), and the options it sets filled in
@@ -1234,6 +1237,31 @@ def _init(self, *args, **kwargs) -> None:
 
 
 RunConfig.__init__ = _init
+
+
+class ResolvedConfig(RunConfig):
+    """A resolved `RunConfig`: what `RunConfig.resolve` returns, its defaults filled in and
+    its values checked, and what a run is carried out with
+    (`fedhmc.runtime.backends.prepare` makes one; the round loop and the Flower server
+    take one). Resolving it again returns it as it is, so that a run resolves its settings
+    once.
+
+    ``replace`` gives a `RunConfig`, to be resolved again: a changed setting may call for
+    other defaults (``rounds`` for the ``burn_in``) or break a rule. ``with_out`` changes
+    the output folder only, which nothing is derived from, and keeps it resolved."""
+
+    def resolve(self) -> ResolvedConfig:
+        """This config, resolved already."""
+        return self
+
+    def replace(self, **changes) -> RunConfig:
+        """This config with ``changes`` (as `RunConfig.replace`), as a RunConfig."""
+        plain = RunConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return plain.replace(**changes)
+
+    def with_out(self, out: str) -> ResolvedConfig:
+        """This config writing its files to folder ``out``."""
+        return dataclasses.replace(self, out=out)
 
 
 def _shown(value) -> str:
