@@ -25,14 +25,14 @@ from fedhmc.algorithms.federated import (
     run_clients,
 )
 from fedhmc.runtime import wire
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import ResolvedConfig, RunConfig
 from fedhmc.runtime.problem import build_client_target, torch_dtype
 from fedhmc.runtime.threads import apply_threads, round_work
 
 _TARGETS: dict[tuple, tuple] = {}
 
 
-def client_config(run_config: dict) -> RunConfig:
+def client_config(run_config: dict) -> ResolvedConfig:
     """The run config (pyproject [tool.flwr.app.config] plus --run-config), resolved."""
     keys = set(RunConfig.keys())
     return RunConfig.from_mapping({k: v for k, v in run_config.items() if k in keys}).resolve()

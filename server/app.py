@@ -31,7 +31,7 @@ def make_server_app(
     def main(grid: Grid, context: Context) -> None:
         run_cfg = cfg if cfg is not None else RunConfig.from_mapping(dict(context.run_config))
         try:
-            c = run_cfg.resolve()
+            c = run_cfg.resolve()  # the run's one resolution (none for a ResolvedConfig)
             # The clients answer the size query while this process imports PyTorch.
             started = begin(
                 grid, c.min_clients or c.num_clients, c.node_wait_timeout, c.round_timeout
@@ -41,10 +41,10 @@ def make_server_app(
             else:
                 from fedhmc_server.loop import serve as body
             if result is None:  # deployed: one log line per round for `flwr run --stream`
-                out = body(grid, run_cfg, on_round=round_logger(run_cfg.rounds), started=started)
+                out = body(grid, c, on_round=round_logger(c.rounds), started=started)
                 log_final(out)
             else:
-                out = body(grid, run_cfg, progress=True, on_round=on_round, started=started)
+                out = body(grid, c, progress=True, on_round=on_round, started=started)
         except Exception as e:  # handed to the caller, which reports it on one line
             if result is None:
                 raise

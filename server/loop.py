@@ -29,7 +29,8 @@ from flwr.app import Array, ArrayRecord, ConfigRecord, MessageType, RecordDict
 from flwr.serverapp import Grid
 
 from fedhmc.errors import MODEL_ERROR_CODE, ModelError, RunFailed
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.backends import prepare
+from fedhmc.runtime.config import ResolvedConfig, RunConfig
 
 if TYPE_CHECKING:
     from fedhmc.runtime.loop import RoundStats, RunResult
@@ -74,18 +75,17 @@ def serve(
     ServerApp's body.
 
     ``started`` is the run's `fedhmc_server.startup.begin` when the caller already
-    sent the size query (the ServerApp does, before its heavy imports)."""
-    cfg = cfg.resolve()
+    sent the size query (the ServerApp does, before its heavy imports). ``cfg`` is resolved
+    here unless it is a `ResolvedConfig` (the ServerApp's is)."""
+    cfg = prepare(cfg)
     if started is None:
         started = begin(
             grid, cfg.min_clients or cfg.num_clients, cfg.node_wait_timeout, cfg.round_timeout
         )
     # The heavy part, while the size query is in flight.
-    from fedhmc.runtime.backends import prepare
     from fedhmc.runtime.loop import run_loop
     from fedhmc.runtime.problem import build_evaluator
 
-    cfg = prepare(cfg)
     evaluator, model, dim, description = build_evaluator(cfg, cfg.device)
     server = RoundServer(cfg, started, model, dim)
     return run_loop(
@@ -109,7 +109,7 @@ class RoundServer:
 
     name = "flower"
 
-    def __init__(self, cfg: RunConfig, started: Started, model, dim: int):
+    def __init__(self, cfg: ResolvedConfig, started: Started, model, dim: int):
         import torch
 
         from fedhmc.algorithms import registry

@@ -15,7 +15,7 @@ from fedhmc.runtime.config import (
     RunConfig,
     option_meanings,
     sampler_options,
-    with_settings_added,
+    without_other_options,
 )
 
 
@@ -199,10 +199,10 @@ def resume_config(run_dir: str, given: dict) -> RunConfig:
     refuse_named_code(run_dir, saved, given)  # before anything the folder names is imported
     if "device" in given and given["device"] != saved.get("device"):
         # Another device: how the run computes there is decided anew unless given.
-        for key in ("cuda_graphs", "client_gpus"):
+        for key in ("cuda_graphs", "client_gpus", "compile"):
             if key not in given:
                 saved.pop(key, None)
-    saved = with_settings_added(saved)  # (a run recorded before a setting existed)
+    saved = without_other_options(saved)  # (a run recorded with every sampler's options)
     merged = {**saved, **given, "out": str(run_dir), "resume": True, "overwrite": False}
     cfg = RunConfig.from_mapping(merged)
     _refuse_changed(saved, given, cfg)

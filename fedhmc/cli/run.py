@@ -64,14 +64,14 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise ConfigError(
                 "--resume DIR continues the run in DIR and --overwrite replaces it; pick one"
             )
-        cfg = resume_config(args.resume_dir, given)
-        resolved = cfg.resolve()  # refusals (another data file, data in memory) come first
-        check_resume(args.resume_dir, resolved, given)  # then the checkpoint's, silently
+        # Resolved once, here: refusals (another data file, data in memory) come first.
+        cfg = resume_config(args.resume_dir, given).resolve()
+        check_resume(args.resume_dir, cfg, given)  # then the checkpoint's, silently
     else:
         from fedhmc.runtime.config import refuse_unused
 
-        cfg = config_from_args(args)
-        refuse_unused(cfg.resolve(), config_values(args))  # no option accepted without effect
+        cfg = config_from_args(args).resolve()  # once: the backend takes it as it is
+        refuse_unused(cfg, config_values(args))  # no option accepted without effect
     from fedhmc_datasets.memory import is_out_of_memory
 
     from fedhmc.core.progress import set_quiet

@@ -305,6 +305,8 @@ def load(run_dir: str | os.PathLike) -> tuple[dict, list[str]]:
 
 # Settings that may differ between a checkpoint and the run that continues it. The device
 # may change (a run started on a GPU resumes on a CPU): the checkpoint holds CPU tensors.
+# Like the device, CUDA graphs and --compile change only how a run computes (at most its
+# float rounding), not what.
 RESUMABLE_CHANGES = frozenset(
     {
         "rounds",
@@ -315,6 +317,7 @@ RESUMABLE_CHANGES = frozenset(
         "device",
         "client_gpus",
         "cuda_graphs",
+        "compile",
     }
 )
 
@@ -429,7 +432,7 @@ def check_compatible(
 
     from fedhmc.runtime.config import RunConfig
 
-    # In the options' order (--model before the --compile it implies), then any others.
+    # In the options' order (--dataset before the --dim it implies), then any others.
     order = {f.name: i for i, f in enumerate(dataclasses.fields(RunConfig))}
     for key in sorted(set(saved) | set(config), key=lambda k: (order.get(k, len(order)), k)):
         if key in RESUMABLE_CHANGES or key.startswith("_"):

@@ -10,7 +10,8 @@ in the field ``options``; ``cfg.leapfrog_steps`` reads one. The command line
 parsed by ``RunConfig.from_mapping``, so a setting is defined once.
 
 Fields left at ``None`` take the dataset's default in ``RunConfig.resolve`` (see
-``fedhmc.runtime.presets``); ``config.json`` holds the resolved values, with ``null`` for
+``fedhmc.runtime.presets``), which returns a ``ResolvedConfig``: what a run is carried out
+with, never resolved again. ``config.json`` holds the resolved values, with ``null`` for
 the settings that played no part in the run (``RunConfig.recorded``).
 """
 
@@ -36,7 +37,10 @@ evaluations in the run (rounds × chains × clients × T × (K + 1)). Compiling 
 first time takes 5–20 s (LeNet-5 on digits: about 18 s for its two shapes; inductor's disk
 cache brings a later process down to about 2 s) and saves about 0.03 ms per evaluation of a
 small network (measured on 2 CPU cores), so a smaller run would spend longer compiling than
-it saves. A resumed run keeps the choice recorded in its config.json."""
+it saves. Like ``--device``, ``--compile`` changes only the float rounding, so it is a
+setting of how a run is carried out: a resume may change it, and a sweep does not tell its
+cells apart by it (``fedhmc.runtime.checkpoint.RESUMABLE_CHANGES``,
+``fedhmc.sweep.grid.RUN_ONLY_KEYS``)."""
 
 BACKENDS = ("engine", "flower")
 """``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""
@@ -269,17 +273,11 @@ def unused_settings(config: dict) -> list[str]:
     return list(dict.fromkeys(unused))
 
 
-SETTINGS_ADDED = {"compile": False}
-"""Settings that runs recorded before they existed lack, with the value those runs computed
-with (before ``--compile``, no gradient was compiled)."""
-
-
-def with_settings_added(config: dict) -> dict:
+def without_other_options(config: dict) -> dict:
     """A saved run's settings (a ``config.json`` or a checkpoint's) as this fedhmc reads
-    them: with ``SETTINGS_ADDED`` where it was recorded before they existed, and without the
-    options of other samplers than its own (a run recorded while every sampler's options
-    were settings of every run holds them, unused)."""
-    out = {**SETTINGS_ADDED, **config}
+    them: without the options of other samplers than its own (a run recorded while every
+    sampler's options were settings of every run holds them, unused)."""
+    out = dict(config)
     algo = registry.find(out.get("algorithm"))
     if algo.module_path is not None:
         mine = {o.name for o in api.options(algo.settings_class)}
@@ -298,9 +296,9 @@ def recorded_settings(config: dict) -> dict:
     Applying it to both sides of a comparison (a resume's checkpoint and the new run, a
     sweep cell's ``config.json`` and its settings) compares what the runs computed with;
     it is idempotent, so a ``config.json`` written before it existed compares the same
-    (``with_settings_added``).
+    (``without_other_options``).
     """
-    saved = with_settings_added(config)
+    saved = without_other_options(config)
     out = {k: v for k, v in saved.items() if k not in sampler_options()}
     for key in unused_settings(config):
         if key in out:
@@ -388,9 +386,9 @@ class RunConfig:
         None,
         "compile a network given as an nn.Module (cnn, PACKAGE.MODULE:FACTORY) with torch's "
         "compiler (inductor) when it is batched with vmap (default: on for a run on the CPU with "
-        f"{COMPILE_MIN_EVALS:,} or more client-gradient evaluations, else off; the choice is "
-        "recorded in config.json: the compiled gradient rounds differently, so it is part of "
-        "what a seed computes)",
+        f"{COMPILE_MIN_EVALS:,} or more client-gradient evaluations, else off); like --device, "
+        "it changes only the float rounding, so a resume may change it and a sweep does not "
+        "tell its cells apart by it",
     )
     hidden: str = _f("100,100", "MLP hidden widths, comma-separated")
     num_clients: int | None = _f(
@@ -583,7 +581,8 @@ class RunConfig:
             kwargs[name] = _coerce(
                 key.replace("_", "-"), value, hints[name], literal_none="none" in choices
             )
-        return cls(**kwargs, options=tuple(sorted(options.items())))
+        # (a RunConfig, also as ResolvedConfig.from_mapping: only `resolve` resolves)
+        return RunConfig(**kwargs, options=tuple(sorted(options.items())))
 
     def to_run_config(self) -> dict[str, typing.Any]:
         """Flower run-config form: kebab-case keys, None written as an empty string.
@@ -730,10 +729,11 @@ class RunConfig:
         return widths
 
     # ------------------------------------------------------------- resolution
-    def resolve(self) -> RunConfig:
-        """Fill the dataset defaults and validate; returns a config with no ``None`` left
-        except ``data_dir`` and ``out`` and the settings its sampler does not have. Raises
-        ``ConfigError`` with a one-line message.
+    def resolve(self) -> ResolvedConfig:
+        """Fill the dataset defaults and validate; returns a `ResolvedConfig`, with no
+        ``None`` left except ``data_dir`` and ``out`` and the settings its sampler does not
+        have (a ResolvedConfig's ``resolve`` returns it as it is). Raises ``ConfigError``
+        with a one-line message.
         """
         from fedhmc.runtime.presets import USER_DATA, dataset_defaults
 
@@ -750,7 +750,7 @@ class RunConfig:
         algo = registry.find(cfg.algorithm)
         cfg = cfg._resolve_protocol(algo)._resolve_sampler(algo, d)._fill_defaults(d, builtin)
         cfg.validate()
-        return cfg
+        return ResolvedConfig(**{f.name: getattr(cfg, f.name) for f in fields(cfg)})
 
     def _resolve_protocol(self, algo: registry.Entry) -> RunConfig:
         """``--protocol`` checked (default algorithm3), and the options it sets filled in
@@ -1237,6 +1237,31 @@ def _init(self, *args, **kwargs) -> None:
 
 
 RunConfig.__init__ = _init
+
+
+class ResolvedConfig(RunConfig):
+    """A resolved `RunConfig`: what `RunConfig.resolve` returns, its defaults filled in and
+    its values checked, and what a run is carried out with
+    (`fedhmc.runtime.backends.prepare` makes one; the round loop and the Flower server
+    take one). Resolving it again returns it as it is, so that a run resolves its settings
+    once.
+
+    ``replace`` gives a `RunConfig`, to be resolved again: a changed setting may call for
+    other defaults (``rounds`` for the ``burn_in``) or break a rule. ``with_out`` changes
+    the output folder only, which nothing is derived from, and keeps it resolved."""
+
+    def resolve(self) -> ResolvedConfig:
+        """This config, resolved already."""
+        return self
+
+    def replace(self, **changes) -> RunConfig:
+        """This config with ``changes`` (as `RunConfig.replace`), as a RunConfig."""
+        plain = RunConfig(**{f.name: getattr(self, f.name) for f in fields(self)})
+        return plain.replace(**changes)
+
+    def with_out(self, out: str) -> ResolvedConfig:
+        """This config writing its files to folder ``out``."""
+        return dataclasses.replace(self, out=out)
 
 
 def _shown(value) -> str:

@@ -39,7 +39,7 @@ from fedhmc.errors import (
 )
 from fedhmc.runtime import checkpoint
 from fedhmc.runtime.backends import prepare
-from fedhmc.runtime.config import RunConfig
+from fedhmc.runtime.config import ResolvedConfig, RunConfig
 from fedhmc.runtime.output import RunWriter, check_metrics_file
 from fedhmc.runtime.problem import bits_up_per_round
 
@@ -125,7 +125,7 @@ class RoundStats:
 class RunResult:
     """What a run returns in Python (the files hold the same)."""
 
-    config: RunConfig
+    config: ResolvedConfig
     theta_bar: torch.Tensor
     history: list[dict] = field(default_factory=list)
     summary: dict = field(default_factory=dict)
@@ -298,7 +298,7 @@ def prepare_out(cfg: RunConfig) -> dict | None:
     return None
 
 
-def resume_or_replace(cfg: RunConfig) -> RunConfig:
+def resume_or_replace(cfg: RunConfig) -> ResolvedConfig:
     """For a sweep or experiment cell (``cfg`` with its ``out``, resolved here): continue the
     run in ``cfg.out`` from its checkpoint when it is compatible, else replace whatever the
     folder holds."""
@@ -347,7 +347,7 @@ def _parse(v: str):
 
 
 def run_loop(
-    cfg: RunConfig,
+    cfg: ResolvedConfig,
     evaluator,
     backend: Backend,
     *,
@@ -357,7 +357,8 @@ def run_loop(
     progress: bool = True,
     on_round: Callable[[dict], None] | None = None,
 ) -> RunResult:
-    """Run rounds ``1 … cfg.rounds`` of ``backend`` and write the run's files to ``cfg.out``.
+    """Run rounds ``1 … cfg.rounds`` of ``backend`` and write the run's files to ``cfg.out``
+    (``cfg``: resolved, as `fedhmc.runtime.backends.prepare` gives it).
 
     After each round the loop reads θ̄ from ``backend.position``, checks it, evaluates it
     and collects it; ``dim``, ``num_clients`` and ``description`` are what ``summary.json``
@@ -405,7 +406,7 @@ class _Run:
 
     def __init__(
         self,
-        cfg: RunConfig,
+        cfg: ResolvedConfig,
         evaluator,
         backend: Backend,
         about: tuple[int, int, str],

@@ -16,9 +16,10 @@ DATA = {
     "batch-size": ("batch_size", int),
     "prior-std": ("prior_std", float),
     "minibatch": ("minibatch", str),
-    "compile": ("compile", bool),
 }
-"""The settings of a client's target that the server decides."""
+"""The settings of a client's target that the server decides. (How a client computes its
+gradients, ``--device`` and ``--compile``, is its own: from its run config and node
+config.)"""
 
 
 def encode_round(

@@ -135,10 +135,12 @@ def cell_id(settings: dict, cell: dict) -> str:
     """A stable directory name: the cell's grid values, then a hash of all its settings.
 
     ``settings`` is the merged base and cell mapping; the hash is taken over the parsed
-    config (so ``0.01`` and ``"1e-2"`` give the same cell) without ``out``.
+    config (so ``0.01`` and ``"1e-2"`` give the same cell) without ``out`` and ``compile``
+    (hashed as unset: how a cell computes, `RUN_ONLY_KEYS`; unset, so that the cells of a
+    sweep that gave none keep their ids).
     """
     cfg = RunConfig.from_mapping({k: v for k, v in settings.items() if k != "out"})
-    hashed = {**CELL_ID_DEFAULTS, **cfg.to_dict(), "out": None}
+    hashed = {**CELL_ID_DEFAULTS, **cfg.to_dict(), "out": None, "compile": None}
     canon = json.dumps(hashed, sort_keys=True, default=str)
     digest = hashlib.sha1(canon.encode()).hexdigest()[:8]
     parts = []
@@ -160,8 +162,11 @@ RUN_ONLY_KEYS = (
     "device",
     "client_gpus",
     "cuda_graphs",
+    "compile",
     *RECORDED_ONLY,
 )
 """Settings that say how a run is carried out, not what it computes (and what
 ``config.json`` records beside the settings). The device is one: the chain's random
-numbers are the same on every device, so a cell finished on a GPU is not rerun on a CPU."""
+numbers are the same on every device, so a cell finished on a GPU is not rerun on a CPU.
+``--compile`` is another (it changes only the float rounding), and a cell's id does not
+hash it either."""

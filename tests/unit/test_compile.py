@@ -4,8 +4,9 @@
   gradient evaluations to repay the compilation), recorded in ``config.json``.
 - The compiled gradient equals the eager one up to float rounding.
 - A module or a machine that cannot compile stays eager, said in one line; a shape that
-  fails to compile later is computed eagerly, said in one line, the strategy unchanged; a
-  resumed run keeps the recorded choice.
+  fails to compile later is computed eagerly, said in one line, the strategy unchanged.
+- Like ``--device``, it is a setting of how a run computes, not what: a resume may change
+  it, a sweep's cells are not told apart by it, and each Flower client decides its own.
 """
 
 from __future__ import annotations
@@ -136,26 +137,39 @@ def test_a_shape_that_fails_to_compile_in_the_run_is_eager_in_one_line(monkeypat
     assert torch.equal(model.loss_grad(theta, X, y, sw)[0], g_ok)  # still compiled
 
 
-def test_a_resumed_run_keeps_its_recorded_choice(tmp_path):
-    from fedhmc.runtime.backends import prepare, saved_compile
+def test_a_resumed_run_may_change_it(tmp_path):
+    """The folder's recorded choice does not decide a resume's: the rule does, or the
+    option given; a checkpoint of either choice (or of a run recorded before the option
+    existed) continues under the other."""
+    from fedhmc.runtime.backends import prepare
     from fedhmc.runtime.checkpoint import check_resumable
 
     folder = tmp_path / "run"
     folder.mkdir()
     long = _cfg(rounds=10_000, out=str(folder))  # the rule would compile it
-    assert long.resolve().compile is True
     (folder / "config.json").write_text(json.dumps({"compile": False}))
-    assert saved_compile(folder) is False
-    assert prepare(long.replace(resume=True)).compile is False  # the folder's, not the rule's
-    assert prepare(long.replace(resume=True, compile=True)).compile is True  # as given
-    # a run recorded before the option existed was uncompiled
-    (folder / "config.json").write_text(json.dumps({"dataset": "digits"}))
-    assert saved_compile(folder) is False
-    old = {k: v for k, v in _cfg(rounds=3, compile=False).resolve().to_dict().items()}
-    del old["compile"]
-    check_resumable(old, 2, fedhmc_version(), _cfg(rounds=3, compile=False).resolve())
-    with pytest.raises(ConfigError, match="another --compile in its checkpoint .False."):
-        check_resumable(old, 2, fedhmc_version(), _cfg(rounds=3, compile=True).resolve())
+    assert prepare(long.replace(resume=True)).compile is True  # the rule's, not the folder's
+    assert prepare(long.replace(resume=True, compile=False)).compile is False  # as given
+    saved = _cfg(rounds=3, compile=False).resolve().to_dict()
+    before = {k: v for k, v in saved.items() if k != "compile"}  # recorded before it existed
+    for old in (saved, before):
+        now = _cfg(rounds=3, compile=True).resolve()
+        check_resumable(old, 2, fedhmc_version(), now, {"compile"})  # --compile given
+        check_resumable(old, 2, fedhmc_version(), now)
+
+
+def test_a_resume_from_the_command_line_keeps_it_on_the_same_device(tmp_path):
+    """``fedhmc run --resume DIR`` reads the run's settings from its config.json, the
+    recorded --compile among them, unless --compile is given, or --device changes (then
+    the rule decides for the new device, as for --cuda-graphs)."""
+    from fedhmc.cli.options import resume_config
+
+    saved = _cfg(rounds=3, compile=True).resolve().to_dict()
+    (tmp_path / "config.json").write_text(json.dumps(saved))
+    assert resume_config(str(tmp_path), {}).compile is True
+    assert resume_config(str(tmp_path), {"compile": False}).compile is False
+    (tmp_path / "config.json").write_text(json.dumps({**saved, "device": "cuda:0"}))
+    assert resume_config(str(tmp_path), {"device": "cpu"}).compile is None  # the rule's
 
 
 def fedhmc_version() -> str:
@@ -164,23 +178,34 @@ def fedhmc_version() -> str:
     return fedhmc.__version__
 
 
-def test_the_server_decides_for_its_clients():
+def test_each_client_decides_its_own():
+    """The round's settings carry no --compile: a Flower client compiles as its own run
+    config and device say (as it chooses its device)."""
     from fedhmc.runtime import wire
 
     cfg = _cfg(rounds=3, compile=True).resolve()
     message = wire.encode_round(cfg, 1, 100)
-    assert message["compile"] is True
+    assert "compile" not in message
     client = _cfg(rounds=3, compile=False).resolve()
-    assert wire.apply_data(client, message).compile is True
+    assert wire.apply_data(client, message).compile is False
 
 
-def test_a_run_recorded_before_the_option_compares_as_uncompiled():
-    from fedhmc.runtime.config import recorded_settings
+def test_sweep_cells_are_not_told_apart_by_it():
+    """A finished cell is the same cell whatever --compile it ran with, and a cell's id
+    does not hash it (ids of cells that give none are as before the option was run-only)."""
+    from fedhmc.sweep.cells import same_run_settings
+    from fedhmc.sweep.grid import cell_id
 
     now = _cfg(rounds=3, compile=False).resolve().to_dict()
     before = {k: v for k, v in now.items() if k != "compile"}
-    assert recorded_settings(before) == recorded_settings(now)
-    assert recorded_settings(before) != recorded_settings({**now, "compile": True})
+    assert same_run_settings(now, {**now, "compile": True})
+    assert same_run_settings(before, {**now, "compile": True})
+    assert not same_run_settings(now, {**now, "seed": 1})
+    settings = {"dataset": "digits", "model": "cnn", "rounds": "3"}
+    plain = cell_id(settings, {})
+    assert plain == "93a2c057"  # (the id it had when --compile was part of it)
+    assert cell_id({**settings, "compile": "true"}, {}) == plain
+    assert cell_id({**settings, "compile": "false"}, {}) == plain
 
 
 def test_each_shape_compiles_once_and_gives_the_eager_numbers(monkeypatch):
