@@ -1,9 +1,10 @@
-"""The client's side of FA-HMC, free of Flower types: load a partition, run T iterations.
+"""A client's side of a federated round, free of Flower types: load a partition, run the
+round.
 
-A client loads its own partition once per process (cached), and each round runs its
-algorithm's ``client_update`` (``fedhmc.algorithms.fahmc`` or ``debiased``): the function
-the batched engine's ``step`` runs for all clients at once. It never sends its data or its
-private seed.
+A client loads its own partition once per process (cached), and each round runs the
+clients' half of the round (`fedhmc.algorithms.federated.run_clients`: its sampler's
+``client_update`` with what it kept), the function the batched engine's ``step`` runs for
+all clients at once. It never sends its data or its private seed.
 
 Everything is computed on the client's device (``cfg.device``, from
 `fedhmc_clients.compute.client_device`): its target is built there and the round's
@@ -91,7 +92,10 @@ def _reply(update, up: tuple[str, ...], algorithm, c: int, n_c: int) -> tuple[di
     (the layout's ``up``: positions, and the momentum or the local gradient where the
     algorithm sends them), and its n_c, gradient evaluations and health numbers."""
     M = int(getattr(update, up[0]).shape[1])
-    values = {"num-examples": n_c, "grad-evals": int(update.grad_evals) // M}
+    total = int(update.grad_evals)  # (summed over the M clients, which may differ: QLSD's
+    # clients that recompute a reference gradient; the first ones take the remainder, so
+    # that the replies sum to the batch's count)
+    values = {"num-examples": n_c, "grad-evals": total // M + (c < total % M)}
     if update.energy is not None:
         values["energy"] = float(update.energy[:, c].max())
     if update.energy_error is not None:
@@ -178,10 +182,11 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     process: the first message of a round runs the clients' half of the round for every
     one of its clients in one batch, each with what it kept (batched in this process), and
     the round's other messages take their own rows. Each client's numbers are those of
-    ``local_update`` (the batched engine's); the messages, replies and failures stay per
-    client, and each client's node state gets its rows of what it keeps. Returns None
-    where it does not apply (another round seed than the run's), and the caller computes
-    alone.
+    ``local_update`` (the batched engine's; its gradient evaluations are the batch's, shared
+    out so that the replies sum alike); the messages, replies and failures stay per client,
+    and each client's node state gets its rows of what it keeps. Returns None where it does
+    not apply, and the caller computes alone: another round seed than the run's, or clients
+    whose kept state is in their node states and not in this process (a new process).
     """
     cfg = wire.apply_data(cfg, config)
     round_ = int(config["round"])
@@ -197,6 +202,9 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     sent = {k: v for k, v in arrays.items() if not k.startswith(KEPT)}
     last = _COLOCATED.get("round")
     if last is None or last[0] != key or not _same_arrays(last[1], sent):
+        kept_here = _colocated_store(cfg, algorithm, settings, round_) is not None
+        if len(sent) < len(arrays) and not kept_here:
+            return None  # (what it kept is in its node state alone: it computes alone)
         message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
         last = (key, sent, *_colocated_round(cfg, algorithm, message, settings, num_total))
         _COLOCATED["round"] = last
@@ -218,7 +226,9 @@ def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: in
     apply_threads("auto", round_work(target, cfg))
     drawn = message.client_ids
     ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
-    store = _colocated_store(cfg, algorithm, settings, message.round, target.num_clients)
+    store = _colocated_store(cfg, algorithm, settings, message.round)
+    if store is None:
+        store = ClientStore.empty(target.num_clients, cfg.device)
     computing, seeds = round_clients(cfg.seed, message, target)
     update, keeps = run_clients(algorithm, message, computing, settings, seeds, store.take(drawn))
     if keeps:
@@ -227,6 +237,7 @@ def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: in
     counts = getattr(computing, "counts", None)
     if isinstance(counts, torch.Tensor):  # one transfer, not one per client
         counts = counts.tolist()
+    keeps = {k: v.detach().cpu() for k, v in keeps.items()}  # (one transfer each)
     return moved(update, "cpu"), keeps, counts, ids
 
 
@@ -234,15 +245,15 @@ def _store_key(cfg: RunConfig, algorithm, settings) -> tuple:
     return (_target_key(cfg, -1, None), algorithm.__name__, repr(settings))
 
 
-def _colocated_store(cfg: RunConfig, algorithm, settings, round_: int, num_clients: int):
+def _colocated_store(cfg: RunConfig, algorithm, settings, round_: int):
     """What the co-located clients kept of the last round of this run, batched: the store
-    of round ``round_`` − 1 of the same run, else an empty one (a new run, or one resumed
-    in a new process: its clients kept nothing here)."""
+    of round ``round_`` − 1 of the same run, else None (a new run, or one that goes on in
+    a new process: what its clients kept, if anything, is in their node states)."""
     saved = _COLOCATED.get("store")
     if saved is not None and saved[0] == _store_key(cfg, algorithm, settings):
         if saved[1] == round_ - 1:
             return saved[2]
-    return ClientStore.empty(num_clients, cfg.device)
+    return None
 
 
 def colocated_target(cfg: RunConfig, num_total: int | None = None):

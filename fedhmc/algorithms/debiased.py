@@ -9,8 +9,8 @@ schedule needs no extra round trip.
 
 The local gradient at the position sent in round r is drawn under the client's round-r anchor
 key, so a client that is sent θ_a again in round r + 1 (a stateless client) recomputes exactly
-the value it returned. The server's state keeps the clients' local gradients at θ_a as their
-updates carried them, so that the batched engine's clients need not recompute them.
+the value it returned. A client keeps its local gradient with its round (``client_keeps``),
+so that it need not recompute it when that round's θ̄ becomes the anchor.
 
 The interface is FA-HMC's (``fedhmc.algorithms.fahmc``): ``init``, ``broadcast``,
 ``client_update``, ``server_update`` and ``step``, with the same Broadcast, ClientUpdate and

@@ -284,13 +284,15 @@ def step(algorithm: ModuleType, seed: int, state, target, settings):
     kept = None if store is None else store.take(message.client_ids)
     update, keeps = run_clients(algorithm, message, computing, settings, seeds, kept)
     new, info = close_round(algorithm, state, settings, message, update, target.weights)
+    if keeps and "clients" not in getattr(type(new), "__dataclass_fields__", {}):
+        raise TypeError(
+            f"{algorithm.__name__}: its clients keep {sorted(keeps)} between rounds, so its "
+            "State needs a field `clients: federated.ClientStore | None = None`"
+        )
     if keeps:
-        if "clients" not in getattr(type(new), "__dataclass_fields__", {}):
-            raise TypeError(
-                f"{algorithm.__name__}: its clients keep {sorted(keeps)} between rounds, so its "
-                "State needs a field `clients: federated.ClientStore | None = None`"
-            )
         if store is None:
             store = ClientStore.empty(target.num_clients, message.position.device)
-        new = dataclasses.replace(new, clients=store.put(message.client_ids, keeps))
+        store = store.put(message.client_ids, keeps)
+    if store is not None:  # (a round that keeps nothing new keeps what was kept)
+        new = dataclasses.replace(new, clients=store)
     return new, info

@@ -180,3 +180,24 @@ def test_a_state_that_cannot_hold_what_clients_keep_is_named():
     target = hetero_gaussian(2, 2, dtype=torch.float64)
     with pytest.raises(TypeError, match="mysampler: its clients keep .* needs a field `clients"):
         federated.step(module, 0, fahmc.init(torch.zeros(1, 2, dtype=torch.float64), s), target, s)
+
+
+def test_what_clients_keep_stays_through_rounds_that_keep_nothing_new():
+    """FSGLD's clients keep their surrogates from the set-up round only; a server_update
+    that builds a new State (as a sampler's may: fedhmc fills ``clients``) loses nothing."""
+    import dataclasses
+    import types
+
+    fsgld = registry.entry("fsgld").module
+
+    def server_update(state, update, how, settings):
+        new, info = fsgld.server_update(state, update, how, settings)
+        return dataclasses.replace(new, clients=None), info  # (a State built anew)
+
+    module = types.SimpleNamespace(**{**vars(fsgld), "server_update": server_update})
+    s = fsgld.Settings(step_size=0.05, surrogate_steps=8, local_steps=2)
+    target = hetero_gaussian(3, 2, dtype=torch.float64)
+    state = fsgld.init(torch.zeros(2, 2, dtype=torch.float64), s)
+    for _ in range(4):  # the set-up round, then three that keep nothing new
+        state, info = federated.step(module, 0, state, target, s)
+        assert info.finite and bool(state.clients.held.all())
