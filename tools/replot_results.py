@@ -224,6 +224,7 @@ FIGURES = {
     "debiased-gaussian": _debiased_gaussian,
     "participation": _participation,
     "samplers": _samplers,
+    "samplers-full": _samplers,  # (fedhmc experiment samplers --full)
 }
 
 
