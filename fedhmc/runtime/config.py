@@ -43,7 +43,7 @@ cells apart by it (``fedhmc.runtime.checkpoint.RESUMABLE_CHANGES``,
 ``fedhmc.sweep.grid.RUN_ONLY_KEYS``)."""
 
 BACKENDS = ("engine", "flower")
-"""``--backend``'s choices (each run by `fedhmc.runtime.backends.RUNNERS`)."""
+"""``--backend``'s choices (`fedhmc.runner.run_config` sends a run to its backend)."""
 
 ALGORITHMS = registry.NAMES
 MODELS = ("logistic", "mlp", "cnn")
