@@ -202,11 +202,12 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     sent = {k: v for k, v in arrays.items() if not k.startswith(KEPT)}
     last = _COLOCATED.get("round")
     if last is None or last[0] != key or not _same_arrays(last[1], sent):
-        kept_here = _colocated_store(cfg, algorithm, settings, round_) is not None
-        if len(sent) < len(arrays) and not kept_here:
+        store = _colocated_store(cfg, algorithm, settings, round_)
+        if len(sent) < len(arrays) and store is None:
             return None  # (what it kept is in its node state alone: it computes alone)
         message = wire.decode_message(config, arrays, torch_dtype(cfg), cfg.device)
-        last = (key, sent, *_colocated_round(cfg, algorithm, message, settings, num_total))
+        batch = _colocated_round(cfg, (algorithm, settings), message, store, num_total)
+        last = (key, sent, *batch)
         _COLOCATED["round"] = last
     _, _, update, keeps, counts, ids = last
     if partition_id not in ids:
@@ -217,16 +218,17 @@ def colocated_update(cfg: RunConfig, partition_id: int, config: dict, arrays: di
     return {**out, **kept_arrays(keeps, c)}, values
 
 
-def _colocated_round(cfg: RunConfig, algorithm, message, settings, num_total: int):
+def _colocated_round(cfg: RunConfig, sampler: tuple, message, store, num_total: int):
     """(update on the CPU, what the clients keep, n_c of the round's clients, their ids) of
-    every drawn co-located client, computed in one batch with what they kept."""
+    every drawn co-located client of ``sampler`` (its module and settings), computed in
+    one batch with what they kept (``store``; None: nothing yet)."""
+    algorithm, settings = sampler
     target = colocated_target(cfg, num_total)
     # The engine's thread count for this round (--threads auto): a batched reduction
     # may round differently at another count, and the chain must be the engine's.
     apply_threads("auto", round_work(target, cfg))
     drawn = message.client_ids
     ids = list(range(target.num_clients)) if drawn is None else [int(c) for c in drawn]
-    store = _colocated_store(cfg, algorithm, settings, message.round)
     if store is None:
         store = ClientStore.empty(target.num_clients, cfg.device)
     computing, seeds = round_clients(cfg.seed, message, target)

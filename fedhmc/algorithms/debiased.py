@@ -199,9 +199,9 @@ def server_update(
 def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
     """What each client keeps of its round for the next: its local gradient at the θ̄ it
     was sent (the next round's anchor, if all goes well) and that round."""
-    M = int(update.local_grad.shape[1])
-    rounds = torch.full((M,), message.round, dtype=torch.int64, device=update.local_grad.device)
-    return {"anchor_round": rounds, "anchor_local": update.local_grad}
+    grad = update.local_grad
+    rounds = grad.new_full((grad.shape[1],), message.round, dtype=torch.int64)
+    return {"anchor_round": rounds, "anchor_local": grad}
 
 
 def kept_by_client(message: Broadcast, kept: dict) -> dict:

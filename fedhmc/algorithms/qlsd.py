@@ -413,11 +413,10 @@ def client_keeps(message: Broadcast, update: ClientUpdate) -> dict:
     if update.memory is not None:
         out["memory"] = update.memory
     if update.reference_grad is not None:
-        M = int(update.reference_grad.shape[1])
-        device = update.reference_grad.device
-        out["reference_grad"] = update.reference_grad
-        out["reference_round"] = torch.full(
-            (M,), int(message.reference_round), dtype=torch.int64, device=device
+        grad = update.reference_grad
+        out["reference_grad"] = grad
+        out["reference_round"] = grad.new_full(
+            (grad.shape[1],), int(message.reference_round), dtype=torch.int64
         )
     return out
 
