@@ -36,7 +36,8 @@ def add_experiment_command(sub) -> None:
         "--workers",
         type=int,
         default=1,
-        help="paper-* experiments: cells run in this many processes at once (default: 1)",
+        help="paper-*, participation and samplers: cells run in this many processes at once "
+        "(default: 1)",
     )
     p.add_argument(
         "--neighbour-eta",

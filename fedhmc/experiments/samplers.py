@@ -34,6 +34,7 @@ stopped. ``replot_samplers(out_dir)`` writes the tables and figures again from t
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import math
 from pathlib import Path
@@ -266,14 +267,18 @@ def sampler_cell_id(task: Task, sampler: str, step: float, own, seed: int) -> st
     return f"{task.name}_{sampler}{own_part}_step={step:g}_seed={seed}"
 
 
-def _run(out_dir: Path, task: Task, cells: list[tuple[str, dict]], desc: str) -> None:
-    """Run the cells not finished before; a failed one stops the experiment with its
-    error. BLR's cells get their ME curve (``me.csv``) from their saved samples."""
+def _run(
+    out_dir: Path, task: Task, cells: list[tuple[str, dict]], desc: str, workers: int = 1
+) -> None:
+    """Run the cells not finished before, in ``workers`` processes (one torch thread
+    each where there are several); a failed one stops the experiment with its error.
+    BLR's cells get their ME curve (``me.csv``) from their saved samples."""
     from fedhmc.errors import FedHMCError
     from fedhmc.sweep.cells import pending_cells, run_cells
 
     todo = pending_cells(out_dir, cells)
-    for res in run_cells(out_dir, todo, desc=desc).values():
+    threads = 1 if workers > 1 else None
+    for res in run_cells(out_dir, todo, workers=workers, threads=threads, desc=desc).values():
         if res["status"] == "failed":
             raise FedHMCError(res["error"])
     if task.name == "blr":
@@ -645,10 +650,12 @@ def fmnist_available() -> bool:
         return False
 
 
-def build_task(out_dir: Path, task: Task, seed: int, run: bool = True) -> tuple[dict, list]:
-    """Tune, run the report seeds (unless ``run`` is false: the cells are read as they
-    are) and summarise one task; its summary and its curves."""
-    runner = _run if run else _me_only
+def build_task(
+    out_dir: Path, task: Task, seed: int, run: bool = True, workers: int = 1
+) -> tuple[dict, list]:
+    """Tune, run the report seeds (in ``workers`` processes; unless ``run`` is false: the
+    cells are read as they are) and summarise one task; its summary and its curves."""
+    runner = functools.partial(_run, workers=workers) if run else _me_only
     best, tuning = tune(out_dir, task, seed, runner)
     runs = report_cells(task, best, seed)
     runner(out_dir, task, [(cid, st) for _, cid, st in runs], f"{task.name}: seeds")
@@ -694,12 +701,15 @@ def _figure_title(summary: dict, t: dict) -> str:
     )
 
 
-def samplers(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False) -> dict:
+def samplers(
+    out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = False, workers: int = 1
+) -> dict:
     """Every federated sampler on the heterogeneous Gaussian (W₂), simulated BLR (ME) and
     Fashion-MNIST (accuracy, Brier, ECE, NLL) at equal budgets of gradient evaluations,
     each tuned by one rule (TUNING_RULE) on ``seed`` and reported on the five seeds after
     it. ``quick``: seconds (tests); the default, reduced budget: about 15 minutes on 2
-    CPU cores; ``full``: the larger budgets and grids (hours)."""
+    CPU cores; ``full``: the larger budgets and grids (hours). ``workers``: the cells
+    run in this many processes at once."""
     out_dir = Path(out_dir)
     budget = "quick" if quick else "full" if full else "reduced"
     summary = {"experiment": "samplers", "budget": budget, "seed": seed, "rule": TUNING_RULE,
@@ -711,7 +721,7 @@ def samplers(out_dir: Path, *, quick: bool = False, seed: int = 0, full: bool = 
         if name == "fmnist" and not fmnist_available():
             summary["tasks"][name] = {"title": task.title, "skipped": _ABSENT}
             continue
-        summary["tasks"][name], mine = build_task(out_dir, task, seed)
+        summary["tasks"][name], mine = build_task(out_dir, task, seed, workers=workers)
         curves += mine
         write_outputs(out_dir, summary, curves)  # partial results after every task
     write_outputs(out_dir, summary, curves)
