@@ -115,3 +115,11 @@ def test_fmnist_task_reports_the_papers_metrics(tmp_path):
     fahmc = info["rows"][0]
     assert 0.5 < fahmc["accuracy"] <= 1 and fahmc["nll_sum"] > 0
     assert {"accuracy", "brier", "ece", "nll_sum"} <= set(curves[0])
+
+
+def test_workers_give_the_same_tables(quick, tmp_path):
+    """The Gaussian task with its cells in two processes: the table of one process."""
+    task = samplers.task_spec("gaussian", "quick")
+    info, _ = samplers.build_task(tmp_path, task, 0, workers=2)
+    one = json.loads((quick / "samplers.json").read_text())["tasks"]["gaussian"]["rows"]
+    assert json.loads(json.dumps(info["rows"])) == one
