@@ -321,10 +321,11 @@ def blr_me_curve(cell: Path, settings: dict, task: Task) -> None:
         reference = blr_reference_draws(settings, task)
         samples = torch.as_tensor(np.load(samples_file), device="cpu").to(reference.dtype)
         thin, burn = settings["thin"], settings["burn-in"]
-        for i in range(samples.shape[0]):
-            x = samples[i]
-            me = marginal_error(x, reference) if bool(torch.isfinite(x).all()) else math.inf
-            rows.append({"round": burn + thin * (i + 1), "me": me})
+        finite = torch.isfinite(samples).flatten(1).all(1)
+        me = torch.full((samples.shape[0],), math.inf, dtype=torch.float64)
+        if bool(finite.any()):  # every saved round's ME at once (the reference sorted once)
+            me[finite] = torch.atleast_1d(marginal_error(samples[finite], reference))
+        rows = [{"round": burn + thin * (i + 1), "me": float(m)} for i, m in enumerate(me)]
     write_csv(me_file, rows or [{"round": 0, "me": math.inf}])
     samples_file.unlink(missing_ok=True)
 

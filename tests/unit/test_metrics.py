@@ -96,6 +96,19 @@ def test_marginal_error_matches_scipy():
     assert marginal_error(a, a + 0.25) == pytest.approx(0.25)
 
 
+def test_marginal_error_batched_is_each_entry_alone():
+    """Leading batch dimensions: each entry's ME against the one reference, as alone."""
+    gen = torch.Generator().manual_seed(3)
+    a = torch.randn(2, 3, 7, 4, generator=gen, dtype=torch.float64)
+    b = torch.randn(13, 4, generator=gen, dtype=torch.float64)
+    me = marginal_error(a, b)
+    assert me.shape == (2, 3)
+    for i in range(2):
+        for j in range(3):
+            want = np.mean([wasserstein_distance(a[i, j, :, k], b[:, k]) for k in range(4)])
+            assert float(me[i, j]) == pytest.approx(want, rel=1e-12)
+
+
 def test_gaussian_w2_closed_forms():
     # 1-D: W₂² = (m1 − m2)² + (s1 − s2)².
     assert gaussian_w2([1.0], [[4.0]], [3.0], [[1.0]]) == pytest.approx(math.sqrt(4 + 1))
