@@ -514,7 +514,7 @@ _FIGURE_WIDTH = 7.2
 X_AXES = (
     ("round", "communication rounds"),
     ("evals", "gradient evaluations per chain"),
-    ("bits", "bits sent per chain (down + up)"),
+    ("bits", "bits sent per chain\n(down + up)"),
 )
 
 
