@@ -708,9 +708,9 @@ def samplers(
     """Every federated sampler on the heterogeneous Gaussian (W₂), simulated BLR (ME) and
     Fashion-MNIST (accuracy, Brier, ECE, NLL) at equal budgets of gradient evaluations,
     each tuned by one rule (TUNING_RULE) on ``seed`` and reported on the five seeds after
-    it. ``quick``: seconds (tests); the default, reduced budget: about 15 minutes on 2
-    CPU cores; ``full``: the larger budgets and grids (hours). ``workers``: the cells
-    run in this many processes at once."""
+    it. ``quick``: seconds (tests); the default, reduced budget: about 9 minutes on 2
+    CPU cores with two workers; ``full``: the larger budgets and grids (about 2 hours
+    with two workers). ``workers``: the cells run in this many processes at once."""
     out_dir = Path(out_dir)
     budget = "quick" if quick else "full" if full else "reduced"
     summary = {"experiment": "samplers", "budget": budget, "seed": seed, "rule": TUNING_RULE,
