@@ -132,10 +132,13 @@ def wasserstein1_marginals(samples: torch.Tensor, reference: torch.Tensor) -> to
     b = reference.to(a.device, torch.float64).T.sort(-1).values  # (d, n2)
     n1, n2 = a.shape[-1], b.shape[-1]
     # The grid's points in units of 1/(n1 n2): i n2 and j n1; each interval ends at one.
-    ends = torch.cat([torch.arange(1, n1 + 1) * n2, torch.arange(1, n2 + 1) * n1]).unique()
-    widths = ends.diff(prepend=ends.new_zeros(1)).to(a.device, torch.float64) / (n1 * n2)
-    ia = ((ends + n2 - 1) // n2 - 1).to(a.device)  # the quantile of a on the interval
-    ib = ((ends + n1 - 1) // n1 - 1).to(a.device)
+    dev = a.device
+    ends = torch.cat(
+        [torch.arange(1, n1 + 1, device=dev) * n2, torch.arange(1, n2 + 1, device=dev) * n1]
+    ).unique()
+    widths = ends.diff(prepend=ends.new_zeros(1)).to(torch.float64) / (n1 * n2)
+    ia = (ends + n2 - 1) // n2 - 1  # the quantile of a on the interval
+    ib = (ends + n1 - 1) // n1 - 1
     bq = b[:, ib]
     rows = a.reshape(-1, *a.shape[-2:])  # one batch entry at a time: (d, n1 + n2) each
     out = torch.stack([((x[:, ia] - bq).abs() * widths).sum(-1) for x in rows])

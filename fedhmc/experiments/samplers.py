@@ -322,7 +322,7 @@ def blr_me_curve(cell: Path, settings: dict, task: Task) -> None:
         samples = torch.as_tensor(np.load(samples_file), device="cpu").to(reference.dtype)
         thin, burn = settings["thin"], settings["burn-in"]
         finite = torch.isfinite(samples).flatten(1).all(1)
-        me = torch.full((samples.shape[0],), math.inf, dtype=torch.float64)
+        me = torch.full((samples.shape[0],), math.inf, dtype=torch.float64, device=samples.device)
         if bool(finite.any()):  # every saved round's ME at once (the reference sorted once)
             me[finite] = torch.atleast_1d(marginal_error(samples[finite], reference))
         rows = [{"round": burn + thin * (i + 1), "me": float(m)} for i, m in enumerate(me)]
