@@ -29,7 +29,8 @@ def add_experiment_command(sub) -> None:
     p.add_argument(
         "--full",
         action="store_true",
-        help="the paper's own budget (hours on 2 CPU cores for the data experiments)",
+        help="the full budget: the paper's own, or for samplers the comparison's larger one "
+        "(hours on 2 CPU cores for the data experiments)",
     )
     p.add_argument("--seed", type=int, default=0, help="run seed (default: 0)")
     p.add_argument(
